@@ -1,0 +1,145 @@
+"""``magnitude``: start, stop, check and try the stack from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from magnitude import launcher
+from magnitude.client import Client, GenerateResult, ServiceError
+from magnitude.prompts import gemma_prompt
+from shared.config import SERVICE_NAMES, ConfigError, dump_config, load_config
+
+
+def _print_health(statuses: list[launcher.ServiceStatus], as_json: bool) -> int:
+    if as_json:
+        print(json.dumps([{"service": s.name, "healthy": s.healthy, "error": s.error, **s.detail}
+                          for s in statuses], indent=2))
+    else:
+        for s in statuses:
+            if s.healthy:
+                d = s.detail
+                extra = f" model={d['model']}" if "model" in d else ""
+                print(f"{s.name:<12} healthy  pid={d.get('pid')} uptime={d.get('uptime_s')}s "
+                      f"rss={d.get('rss_mb')}MB queue={d.get('queue_depth')}{extra}")
+            else:
+                print(f"{s.name:<12} UNHEALTHY {s.error}")
+    return 0 if statuses and all(s.healthy for s in statuses) else 1
+
+
+def cmd_up(args, config) -> int:
+    statuses = launcher.up(config, args.config)
+    return _print_health(statuses, False)
+
+
+def cmd_down(args, config) -> int:
+    for name, outcome in launcher.down(config).items():
+        print(f"{name:<12} {outcome}")
+    return 0
+
+
+def cmd_health(args, config) -> int:
+    return _print_health(launcher.health(config, args.service, args.timeout), args.json)
+
+
+def _stream_to_stdout(client: Client, prompt: str, session: str | None, **params) -> GenerateResult:
+    result = None
+    for piece in client.generate_stream(prompt, session, **params):
+        if isinstance(piece, GenerateResult):
+            result = piece
+        else:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+    print()
+    return result
+
+
+def cmd_generate(args, config) -> int:
+    client = Client.for_service("inference", config, timeout_s=args.timeout)
+    prompt = gemma_prompt([("user", args.prompt)]) if args.chat else args.prompt
+    try:
+        result = _stream_to_stdout(client, prompt, args.session, max_tokens=args.max_tokens,
+                                   temperature=args.temperature, stop=args.stop or None)
+    except ServiceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(result.stats), file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args, config) -> int:
+    """Start the stack, run two agent steps of one session against the real model, report the reuse."""
+    started_here = any(launcher.read_pid(config, n) is None for n in SERVICE_NAMES)
+    if _print_health(launcher.up(config, args.config), False) != 0:
+        return 1
+    client = Client.for_service("inference", config, timeout_s=120)
+    session = f"demo-{int(time.time())}"
+    system = ("You are the planner of a home robot. Answer in one or two short sentences. "
+              "Tools: move_to(room), pick(object), say(text).")
+    turns = [("user", f"{system}\n\nTask: the user wants a glass of water from the kitchen. What is your first step?")]
+    try:
+        for step in (1, 2):
+            print(f"\n--- step {step} (session {session}) ---")
+            result = _stream_to_stdout(client, gemma_prompt(turns), session, max_tokens=48, temperature=0)
+            s = result.stats
+            print(f"[prompt={s['prompt_tokens']} cached={s['cached_tokens']} prefill={s['prefill_tokens']} "
+                  f"ttft={s['ttft_s']}s decode={s['decode_tps']} tok/s]")
+            turns += [("model", result.text), ("user", "Done. What is the next step?")]
+    except ServiceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    finally:
+        if started_here and not args.keep:
+            cmd_down(args, config)
+    return 0
+
+
+def cmd_config(args, config) -> int:
+    print(dump_config(config), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="magnitude",
+        description="Magnitude: on-device inference for agents. Services run as local processes "
+                    "(logs and sockets in runtime.run_dir, default ~/.cache/magnitude/run).")
+    parser.add_argument("--config", help="YAML config (default: $MAGNITUDE_CONFIG, else built-in defaults)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("up", help="start every service and wait until healthy").set_defaults(fn=cmd_up)
+    sub.add_parser("down", help="stop every service (drains in-flight requests)").set_defaults(fn=cmd_down)
+    p = sub.add_parser("health", help="check every service; exit 1 if any is unhealthy")
+    p.add_argument("--service", action="append", choices=SERVICE_NAMES, help="only this service (repeatable)")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait per service (default 5)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(fn=cmd_health)
+    p = sub.add_parser("generate", help="stream a completion from the inference service")
+    p.add_argument("prompt")
+    p.add_argument("--session", help="session id: reuse its KV cache across calls")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn in the chat format")
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--stop", action="append", help="stop sequence (repeatable)")
+    p.add_argument("--timeout", type=float, default=120.0)
+    p.set_defaults(fn=cmd_generate)
+    p = sub.add_parser("demo", help="start the stack and run a two-step agent session on the real model")
+    p.add_argument("--keep", action="store_true", help="leave the services running afterwards")
+    p.set_defaults(fn=cmd_demo)
+    sub.add_parser("config", help="print the effective configuration (validates the file)").set_defaults(fn=cmd_config)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    return args.fn(args, config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

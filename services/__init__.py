@@ -1,0 +1,1 @@
+"""One package per Magnitude process; each runs with ``python -m services.<name>``."""

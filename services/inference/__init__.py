@@ -1,0 +1,1 @@
+"""Chat inference service: llama.cpp with per-session KV cache reuse."""

@@ -1,0 +1,231 @@
+"""Chat inference on llama.cpp through llama-cpp-python's low-level API.
+
+One model, one context with ``session_slots`` sequences (per-sequence KV, like
+llama.cpp's server slots). For each request the engine finds the longest prefix
+of the new prompt already in the session's sequence, removes the rest of that
+sequence, prefills only the new tokens in chunks, then samples token by token.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import llama_cpp
+import psutil
+from llama_cpp import _internals
+
+from shared.config import EngineConfig
+from shared.protocol import ErrorCode, ProtocolError
+from services.inference.sessions import SessionTable
+from services.inference.text_stream import TextStream
+
+_KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+
+
+@llama_cpp.llama_log_callback
+def _quiet_log(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    """llama.cpp's own chatter would interleave with our JSON logs; keep only errors."""
+    if level >= 4:  # GGML_LOG_LEVEL_ERROR
+        os.write(2, text)
+
+
+_backend_lock = threading.Lock()
+_backend_ready = False
+
+
+def _init_backend() -> None:
+    global _backend_ready
+    with _backend_lock:
+        if not _backend_ready:
+            llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p(0))
+            llama_cpp.llama_backend_init()
+            _backend_ready = True
+
+
+@dataclass
+class GenerateParams:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 0.95
+    top_k: int = 40
+    seed: int = 0
+    stop: list[str] = field(default_factory=list)
+    grammar: str | None = None
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class Engine:
+    def __init__(self, cfg: EngineConfig):
+        _init_backend()
+        self.cfg = cfg
+        path = cfg.resolved_model_path()
+        if not path.is_file():
+            raise FileNotFoundError(f"model file {path} not found (run scripts/setup, or set engine.model_path)")
+        self.model_path = path
+        mparams = _internals.LlamaModel.default_params()
+        mparams.use_mmap = True  # weights stay in the page cache, shared by every process mapping the file
+        self.model = _internals.LlamaModel(path_model=str(path), params=mparams, verbose=False)
+        self.n_threads = cfg.n_threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = cfg.n_ctx * cfg.session_slots
+        cparams.n_seq_max = cfg.session_slots
+        cparams.kv_unified = False  # each sequence attends over its own cells only
+        cparams.swa_full = True  # Gemma 3 uses sliding-window layers; a full cache keeps any prefix reusable
+        cparams.n_batch = cfg.max_batch_size
+        cparams.n_ubatch = min(cfg.max_batch_size, 512)
+        cparams.n_threads = self.n_threads
+        cparams.n_threads_batch = self.n_threads
+        cparams.type_k = cparams.type_v = _KV_TYPES[cfg.kv_cache_type]
+        if cfg.kv_cache_type != "f16":
+            cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED  # quantized V needs it
+        self.ctx = _internals.LlamaContext(model=self.model, params=cparams, verbose=False)
+        self._batch = llama_cpp.llama_batch_init(cfg.max_batch_size, 0, 1)
+        self.sessions = SessionTable(cfg.session_slots, cfg.session_cache_mb * 2**20, self)
+        self.model_name = self.model.metadata().get("general.name", path.stem)
+
+    def close(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        self.ctx.close()
+        self.model.close()
+
+    # --- KvOps for SessionTable ------------------------------------------------------------
+    def save_seq(self, seq_id: int) -> bytes:
+        size = llama_cpp.llama_state_seq_get_size(self.ctx.ctx, seq_id)
+        buf = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(self.ctx.ctx, buf, size, seq_id)
+        return bytes(buf[:written])
+
+    def load_seq(self, seq_id: int, state: bytes) -> bool:
+        buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
+        return llama_cpp.llama_state_seq_set_data(self.ctx.ctx, buf, len(state), seq_id) > 0
+
+    def clear_seq(self, seq_id: int) -> None:
+        llama_cpp.llama_memory_seq_rm(self.ctx.memory, seq_id, -1, -1)
+
+    # --- model primitives ------------------------------------------------------------------
+    def tokenize(self, text: str) -> list[int]:
+        return self.model.tokenize(text.encode(), add_bos=True, special=True)
+
+    def token_bytes(self, token: int) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = llama_cpp.llama_token_to_piece(self.model.vocab, token, buf, len(buf), 0, False)
+        if n < 0:  # piece longer than the buffer: llama.cpp reports the size it needs
+            buf = ctypes.create_string_buffer(-n)
+            n = llama_cpp.llama_token_to_piece(self.model.vocab, token, buf, len(buf), 0, False)
+        return buf.raw[:n]
+
+    def _decode(self, tokens: list[int], pos0: int, seq_id: int) -> None:
+        """Evaluate ``tokens`` at positions ``pos0..`` in ``seq_id``, in prefill-sized chunks."""
+        chunk = self.cfg.prefill_chunk_size
+        batch = self._batch
+        for start in range(0, len(tokens), chunk):
+            part = tokens[start:start + chunk]
+            batch.n_tokens = len(part)
+            for i, tok in enumerate(part):
+                batch.token[i] = tok
+                batch.pos[i] = pos0 + start + i
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = seq_id
+                batch.logits[i] = 0
+            batch.logits[len(part) - 1] = 1
+            rc = llama_cpp.llama_decode(self.ctx.ctx, batch)
+            if rc != 0:
+                raise ProtocolError(ErrorCode.INTERNAL, f"llama_decode failed (rc={rc}; KV cache full?)")
+
+    def _sampler(self, p: GenerateParams) -> _internals.LlamaSampler:
+        sampler = _internals.LlamaSampler()
+        if p.grammar:
+            # Called directly: llama.cpp returns NULL for a grammar it cannot parse, and
+            # adding NULL to a chain would crash the process.
+            grammar = llama_cpp.llama_sampler_init_grammar(self.model.vocab, p.grammar.encode(), b"root")
+            if not grammar:
+                sampler.close()
+                raise ProtocolError(ErrorCode.BAD_REQUEST, "grammar does not parse (GBNF with a 'root' rule)")
+            llama_cpp.llama_sampler_chain_add(sampler.sampler, grammar)
+        if p.temperature <= 0:
+            sampler.add_greedy()
+        else:
+            sampler.add_top_k(p.top_k)
+            sampler.add_top_p(p.top_p, 1)
+            sampler.add_temp(p.temperature)
+            sampler.add_dist(p.seed)
+        return sampler
+
+    # --- the request path ------------------------------------------------------------------
+    def generate(self, prompt: str, session: str | None, params: GenerateParams,
+                 on_text: Callable[[str], None] | None = None) -> dict:
+        t_start = time.perf_counter()
+        tokens = self.tokenize(prompt)
+        n_ctx = self.cfg.n_ctx
+        if len(tokens) >= n_ctx:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"prompt is {len(tokens)} tokens; n_ctx is {n_ctx}")
+        max_tokens = min(params.max_tokens, n_ctx - len(tokens))
+        sampler = self._sampler(params)
+        got = self.sessions.acquire(session)
+        slot = got.slot
+        # Keep the shared prefix; at least the last prompt token is evaluated to get fresh logits.
+        n_keep = min(common_prefix_len(slot.tokens, tokens), len(tokens) - 1)
+        llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.seq_id, n_keep, -1)
+        slot.tokens = tokens[:n_keep]
+        new = tokens[n_keep:]
+        t_prefill = time.perf_counter()
+        self._decode(new, n_keep, slot.seq_id)
+        slot.tokens.extend(new)
+        prefill_s = time.perf_counter() - t_prefill
+
+        stream = TextStream(params.stop)
+        generated = 0
+        ttft = None
+        stop_reason = "length"
+        t_decode = time.perf_counter()
+        while generated < max_tokens:
+            tok = llama_cpp.llama_sampler_sample(sampler.sampler, self.ctx.ctx, -1)
+            if ttft is None:
+                ttft = time.perf_counter() - t_start
+            if llama_cpp.llama_vocab_is_eog(self.model.vocab, tok):
+                stop_reason = "eos"
+                break
+            generated += 1
+            piece = stream.feed(self.token_bytes(tok))
+            if piece and on_text:
+                on_text(piece)
+            if stream.stopped:
+                stop_reason = "stop"
+                break
+            if generated < max_tokens:
+                self._decode([tok], len(slot.tokens), slot.seq_id)
+                slot.tokens.append(tok)
+        tail = stream.finish()
+        if tail and on_text:
+            on_text(tail)
+        decode_s = time.perf_counter() - t_decode
+        total_s = time.perf_counter() - t_start
+        sampler.close()
+        return {
+            "text": stream.text,
+            "stop_reason": stop_reason,
+            "prompt_tokens": len(tokens),
+            "cached_tokens": n_keep,
+            "prefill_tokens": len(new),
+            "completion_tokens": generated,
+            "kv_source": got.source,
+            "kv_switch_ms": got.switch_ms,
+            "ttft_s": round(ttft if ttft is not None else total_s, 4),
+            "prefill_tps": round(len(new) / prefill_s, 1) if prefill_s > 0 else None,
+            "decode_tps": round(generated / decode_s, 1) if generated and decode_s > 0 else None,
+            "total_s": round(total_s, 4),
+        }

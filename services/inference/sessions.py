@@ -1,0 +1,115 @@
+"""Which session's KV cache lives in which llama.cpp sequence ("slot").
+
+The context holds ``n_slots`` sequences. A session keeps its slot between
+steps, so a follow-up prompt pays only for its new tokens. When a new session
+needs a slot and none is free, the least recently used one is *parked*: only
+that sequence's KV is copied out (``llama_state_seq_get_data``), bounded by a
+memory budget with LRU eviction, and copied back in when the session returns.
+That is far cheaper than saving or loading the whole context.
+
+The KV operations are passed in (``KvOps``) so this bookkeeping is testable
+without a model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class KvOps(Protocol):
+    def save_seq(self, seq_id: int) -> bytes: ...
+    def load_seq(self, seq_id: int, state: bytes) -> bool: ...
+    def clear_seq(self, seq_id: int) -> None: ...
+
+
+@dataclass
+class Slot:
+    seq_id: int
+    session: str | None = None
+    tokens: list[int] = field(default_factory=list)  # tokens whose KV is in this sequence, in order
+    last_used: float = 0.0
+
+
+@dataclass
+class _Parked:
+    tokens: list[int]
+    state: bytes
+
+
+@dataclass
+class Acquired:
+    slot: Slot
+    source: str  # "resident" | "restored" | "cold"
+    switch_ms: float  # time spent parking another session and restoring this one
+
+
+class SessionTable:
+    def __init__(self, n_slots: int, park_budget_bytes: int, kv: KvOps):
+        self.slots = [Slot(seq_id=i) for i in range(n_slots)]
+        self.park_budget_bytes = park_budget_bytes
+        self._kv = kv
+        self._parked: OrderedDict[str, _Parked] = OrderedDict()
+        self.parked_bytes = 0
+
+    def acquire(self, session: str | None) -> Acquired:
+        """The slot to run a request of ``session`` in (``None`` = stateless: always cold)."""
+        t0 = time.perf_counter()
+        slot = next((s for s in self.slots if session is not None and s.session == session), None)
+        source = "resident"
+        if slot is None:
+            slot = self._free_slot()
+            self._kv.clear_seq(slot.seq_id)
+            slot.session, slot.tokens, source = session, [], "cold"
+            parked = self._parked.pop(session, None) if session is not None else None
+            if parked is not None:
+                self.parked_bytes -= len(parked.state)
+                if self._kv.load_seq(slot.seq_id, parked.state):
+                    slot.tokens, source = parked.tokens, "restored"
+                else:
+                    self._kv.clear_seq(slot.seq_id)
+        slot.last_used = time.monotonic()
+        return Acquired(slot, source, round((time.perf_counter() - t0) * 1000, 3))
+
+    def _free_slot(self) -> Slot:
+        free = [s for s in self.slots if s.session is None]
+        if free:
+            return min(free, key=lambda s: s.last_used)
+        victim = min(self.slots, key=lambda s: s.last_used)
+        self._park(victim)
+        return victim
+
+    def _park(self, slot: Slot) -> None:
+        if self.park_budget_bytes > 0 and slot.session is not None and slot.tokens:
+            state = self._kv.save_seq(slot.seq_id)
+            if len(state) <= self.park_budget_bytes:
+                self._parked[slot.session] = _Parked(list(slot.tokens), state)
+                self.parked_bytes += len(state)
+                while self.parked_bytes > self.park_budget_bytes:
+                    _, evicted = self._parked.popitem(last=False)
+                    self.parked_bytes -= len(evicted.state)
+        slot.session, slot.tokens = None, []
+
+    def drop(self, session: str) -> bool:
+        """Forget a session's KV wherever it lives; True if there was any."""
+        found = False
+        for slot in self.slots:
+            if slot.session == session:
+                self._kv.clear_seq(slot.seq_id)
+                slot.session, slot.tokens = None, []
+                found = True
+        parked = self._parked.pop(session, None)
+        if parked is not None:
+            self.parked_bytes -= len(parked.state)
+            found = True
+        return found
+
+    def describe(self) -> dict:
+        return {
+            "resident": {s.session: len(s.tokens) for s in self.slots if s.session is not None},
+            "parked": {k: len(v.tokens) for k, v in self._parked.items()},
+            "parked_mb": round(self.parked_bytes / 2**20, 2),
+            "slots": len(self.slots),
+        }

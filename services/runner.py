@@ -1,0 +1,27 @@
+"""Common entry point of every service process: ``python -m services.<name> [--config F] [--endpoint E]``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from shared.config import ConfigError, load_config
+
+
+def run_service(service_cls, name: str, argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog=f"python -m services.{name}",
+                                     description=f"Run the Magnitude {name} service in the foreground.")
+    parser.add_argument("--config", help="YAML config file (default: $MAGNITUDE_CONFIG or built-in defaults)")
+    parser.add_argument("--endpoint", help="ZeroMQ endpoint to bind (default: from config)")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        sys.exit(2)
+    try:
+        service = service_cls(config, args.endpoint)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"{name}: cannot start: {err}", file=sys.stderr)
+        sys.exit(1)
+    service.run()

@@ -1,0 +1,1 @@
+"""Code every Magnitude process shares: wire protocol, shm buffers, config, logging, service loop."""

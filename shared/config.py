@@ -1,0 +1,147 @@
+"""One YAML file configures the whole stack; every value has a default that runs.
+
+Sections: ``engine`` (the chat model and how it runs), ``agent`` (tools, loop
+limits), ``runtime`` (where sockets, data and logs live; queue and frame limits).
+``load_config`` raises ``ConfigError`` naming each bad value and why.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+#: Service processes the launcher starts, in start order.
+SERVICE_NAMES = ("inference",)
+
+DEFAULT_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
+
+
+def magnitude_home() -> Path:
+    """Root for models, data and runtime files (``MAGNITUDE_HOME``, default ``~/.cache/magnitude``)."""
+    return Path(os.environ.get("MAGNITUDE_HOME") or Path.home() / ".cache" / "magnitude")
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used, with one line per problem."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class EngineConfig(_Section):
+    model_path: Path | None = Field(None, description="GGUF file; default: the bundled Gemma 3 270M")
+    n_ctx: int = Field(4096, ge=128, le=131072, description="context tokens per session")
+    n_threads: int = Field(0, ge=0, le=256, description="0 = one per physical core")
+    max_batch_size: int = Field(512, ge=1, le=8192, description="llama.cpp n_batch (tokens per decode call)")
+    prefill_chunk_size: int = Field(256, ge=1, le=8192, description="prompt tokens fed per decode step")
+    kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"
+    session_slots: int = Field(4, ge=1, le=64, description="sessions whose KV stays resident in the context")
+    session_cache_mb: int = Field(256, ge=0, le=65536, description="RAM for parked session KV states")
+    self_optimize: bool = True
+    optimization_window: int = Field(50, ge=5, le=10000, description="requests per optimizer decision")
+    default_max_tokens: int = Field(256, ge=1, le=32768)
+
+    @field_validator("prefill_chunk_size")
+    @classmethod
+    def _chunk_fits_batch(cls, v: int, info: Any) -> int:
+        batch = info.data.get("max_batch_size")
+        if batch is not None and v > batch:
+            raise ValueError(f"must be <= max_batch_size ({batch})")
+        return v
+
+    def resolved_model_path(self) -> Path:
+        return self.model_path or magnitude_home() / "models" / DEFAULT_MODEL_FILE
+
+
+class ToolConfig(_Section):
+    name: str
+    kind: Literal["builtin", "python", "shell"] = "builtin"
+    description: str = ""
+    target: str | None = Field(None, description="python: module:function; shell: command template")
+    parameters: dict[str, Any] = Field(default_factory=dict, description="JSON schema of the arguments")
+
+
+class AgentConfig(_Section):
+    tools: list[ToolConfig] = Field(default_factory=lambda: [ToolConfig(name="calculator")])
+    max_iterations: int = Field(8, ge=1, le=1000)
+
+
+class RuntimeConfig(_Section):
+    runtime_dir: Path | None = Field(None, description="ipc sockets and pid files; default MAGNITUDE_HOME/run")
+    data_dir: Path | None = Field(None, description="databases and strategy; default MAGNITUDE_HOME/data")
+    endpoints: dict[str, str] = Field(default_factory=dict, description="per-service override, e.g. tcp://127.0.0.1:5555")
+    max_frame_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
+    queue_size: int = Field(32, ge=1, le=100000, description="requests waiting per service before 'busy'")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("endpoints")
+    @classmethod
+    def _endpoints_are_zmq(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, url in v.items():
+            if name not in SERVICE_NAMES:
+                raise ValueError(f"unknown service {name!r} (known: {', '.join(SERVICE_NAMES)})")
+            if not url.startswith(("ipc://", "tcp://")):
+                raise ValueError(f"{name}: endpoint must start with ipc:// or tcp://, got {url!r}")
+        return v
+
+    def run_dir(self) -> Path:
+        return self.runtime_dir or magnitude_home() / "run"
+
+    def resolved_data_dir(self) -> Path:
+        return self.data_dir or magnitude_home() / "data"
+
+    def endpoint(self, service: str) -> str:
+        return self.endpoints.get(service) or f"ipc://{self.run_dir() / service}.sock"
+
+
+class Config(_Section):
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+
+
+def _describe(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        got = e.get("input")
+        got_text = "" if isinstance(got, dict) else f" (got {got!r})"
+        lines.append(f"  {where}: {e['msg']}{got_text}")
+    return "\n".join(lines)
+
+
+def parse_config(data: Any, source: str = "<config>") -> Config:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: top level must be a mapping with engine:, agent:, runtime:")
+    try:
+        return Config.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(f"{source}: invalid configuration\n{_describe(err)}") from None
+
+
+def load_config(path: str | Path | None = None) -> Config:
+    """Load ``path`` (or ``$MAGNITUDE_CONFIG``); no file means all defaults."""
+    path = path or os.environ.get("MAGNITUDE_CONFIG")
+    if not path:
+        return Config()
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return parse_config(data, str(path))
+
+
+def dump_config(config: Config) -> str:
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,236 @@
+"""The Magnitude wire protocol: msgpack envelopes over ZeroMQ.
+
+Every message type any service speaks is declared here, in ``MESSAGES``, so the
+protocol lives in one module with one version number. ``docs/protocol.md``
+describes the same table for people.
+
+A request is one ZeroMQ frame holding a msgpack map::
+
+    {"v": 1, "id": "<request id>", "type": "generate", "session": "<id>|None", "body": {...}}
+
+A reply is one or more frames, each a msgpack map with a ``kind``:
+
+* ``event`` - a partial result of a streaming request (e.g. one token);
+* ``ok``    - the final result; no more frames follow for that id;
+* ``error`` - the final, typed failure ``{"code": ..., "message": ...}``.
+
+Large payloads never travel inline: the body carries a shared-memory handle
+(see ``shared.shm``) and the frame stays small.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+PROTOCOL_VERSION = 1
+
+#: Default ceiling for one inbound frame; bigger payloads must go through shm.
+DEFAULT_MAX_FRAME_BYTES = 1 << 20
+
+
+class ErrorCode:
+    """Machine-readable error codes of ``error`` replies."""
+
+    BAD_FRAME = "bad_frame"  # not msgpack, truncated, or not a map
+    BAD_VERSION = "bad_version"  # protocol version this peer does not speak
+    UNKNOWN_TYPE = "unknown_type"  # message type the service does not handle
+    TOO_LARGE = "too_large"  # frame over the size limit
+    BAD_REQUEST = "bad_request"  # missing field, wrong type, value out of range
+    BUSY = "busy"  # queue full: back-pressure, retry later
+    SHUTTING_DOWN = "shutting_down"  # service is draining and takes no new work
+    TIMEOUT = "timeout"  # client gave up waiting (raised locally)
+    UNAVAILABLE = "unavailable"  # service not reachable (raised locally)
+    NOT_FOUND = "not_found"  # a named thing (session, shm buffer, model) is unknown
+    INTERNAL = "internal"  # the handler failed; the service keeps serving
+
+
+class ProtocolError(Exception):
+    """A failure that is answered with a typed ``error`` reply."""
+
+    def __init__(self, code: str, message: str, request_id: str | None = None):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+        self.request_id = request_id
+
+
+@dataclass(frozen=True)
+class Field:
+    """One body field of a message type: its Python type(s) and whether it is required."""
+
+    types: type | tuple[type, ...]
+    required: bool = False
+    max_len: int | None = None  # for str / list / bytes
+
+
+@dataclass(frozen=True)
+class MessageSpec:
+    service: str  # which service answers it ("*" = every service)
+    fields: dict[str, Field] = field(default_factory=dict)
+    streams: bool = False  # may answer with ``event`` frames before ``ok``
+    doc: str = ""
+
+
+_NUMBER = (int, float)
+_SHM_HANDLE = Field(dict)
+
+MESSAGES: dict[str, MessageSpec] = {
+    "health": MessageSpec("*", doc="Liveness and vital figures: ok, uptime, model, memory."),
+    "generate": MessageSpec(
+        "inference",
+        {
+            "prompt": Field(str, max_len=1 << 20),
+            "prompt_shm": _SHM_HANDLE,
+            "max_tokens": Field(int),
+            "temperature": Field(_NUMBER),
+            "top_p": Field(_NUMBER),
+            "top_k": Field(int),
+            "seed": Field(int),
+            "stop": Field(list, max_len=16),
+            "stream": Field(bool),
+            "grammar": Field(str, max_len=1 << 18),
+        },
+        streams=True,
+        doc="Complete a prompt. With a session, the KV cache of its earlier steps is reused.",
+    ),
+    "session.drop": MessageSpec("inference", doc="Forget the session's cached KV state."),
+    "sessions": MessageSpec("inference", doc="List cached sessions and where their KV lives."),
+    "tokenize": MessageSpec(
+        "inference",
+        {"text": Field(str, required=True, max_len=1 << 20)},
+        doc="Token ids of a text under the model's tokenizer.",
+    ),
+}
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+def encode_request(
+    msg_type: str,
+    body: dict[str, Any] | None = None,
+    *,
+    session: str | None = None,
+    request_id: str | None = None,
+    version: int = PROTOCOL_VERSION,
+) -> bytes:
+    return msgpack.packb(
+        {
+            "v": version,
+            "id": request_id or new_request_id(),
+            "type": msg_type,
+            "session": session,
+            "body": body or {},
+        },
+        use_bin_type=True,
+    )
+
+
+@dataclass
+class Request:
+    id: str
+    type: str
+    session: str | None
+    body: dict[str, Any]
+
+
+def _unpack_map(frame: bytes) -> dict:
+    try:
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=len(frame))
+    except Exception as exc:  # msgpack raises several types for bad input
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"frame is not valid msgpack ({type(exc).__name__})")
+    if not isinstance(obj, dict):
+        raise ProtocolError(ErrorCode.BAD_FRAME, "frame must be a msgpack map")
+    return obj
+
+
+def _check_field(name: str, spec: Field, value: Any, request_id: str) -> None:
+    if isinstance(value, bool) and spec.types in (int, _NUMBER):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r} must be a number, not bool", request_id)
+    if not isinstance(value, spec.types):
+        expected = spec.types.__name__ if isinstance(spec.types, type) else "number"
+        raise ProtocolError(
+            ErrorCode.BAD_REQUEST, f"field {name!r} must be {expected}, got {type(value).__name__}", request_id
+        )
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r} must be finite", request_id)
+    if spec.max_len is not None and len(value) > spec.max_len:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r} longer than {spec.max_len}", request_id)
+
+
+def decode_request(frame: bytes, *, max_frame_bytes: int, handled: set[str]) -> Request:
+    """Parse and validate one request frame; raise ``ProtocolError`` with the right code."""
+    if len(frame) > max_frame_bytes:
+        raise ProtocolError(
+            ErrorCode.TOO_LARGE, f"frame of {len(frame)} bytes exceeds {max_frame_bytes}; send large data via shm"
+        )
+    env = _unpack_map(frame)
+    request_id = env.get("id")
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= 128:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "envelope field 'id' must be a non-empty string (<=128 chars)")
+    version = env.get("v")
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(
+            ErrorCode.BAD_VERSION, f"protocol version {version!r} not supported (speaks {PROTOCOL_VERSION})", request_id
+        )
+    msg_type = env.get("type")
+    if not isinstance(msg_type, str):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "envelope field 'type' must be a string", request_id)
+    if msg_type not in handled:
+        raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {msg_type[:64]!r}", request_id)
+    session = env.get("session")
+    if session is not None and (not isinstance(session, str) or not 0 < len(session) <= 128):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "envelope field 'session' must be null or a string", request_id)
+    body = env.get("body", {})
+    if not isinstance(body, dict):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "envelope field 'body' must be a map", request_id)
+    spec = MESSAGES.get(msg_type)
+    if spec is not None:
+        for name, field_spec in spec.fields.items():
+            if name not in body or body[name] is None:
+                if field_spec.required:
+                    raise ProtocolError(ErrorCode.BAD_REQUEST, f"missing required field {name!r}", request_id)
+                continue
+            _check_field(name, field_spec, body[name], request_id)
+    return Request(request_id, msg_type, session, body)
+
+
+def encode_reply(request_id: str | None, kind: str, body: dict[str, Any] | None = None) -> bytes:
+    return msgpack.packb({"v": PROTOCOL_VERSION, "id": request_id, "kind": kind, "body": body or {}}, use_bin_type=True)
+
+
+def encode_error(request_id: str | None, code: str, message: str) -> bytes:
+    return msgpack.packb(
+        {"v": PROTOCOL_VERSION, "id": request_id, "kind": "error", "error": {"code": code, "message": message}},
+        use_bin_type=True,
+    )
+
+
+@dataclass
+class Reply:
+    id: str | None
+    kind: str  # "event" | "ok" | "error"
+    body: dict[str, Any]
+    error_code: str | None = None
+    error_message: str | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.kind != "event"
+
+
+def decode_reply(frame: bytes) -> Reply:
+    env = _unpack_map(frame)
+    kind = env.get("kind")
+    if kind == "error":
+        err = env.get("error") or {}
+        return Reply(env.get("id"), kind, {}, str(err.get("code")), str(err.get("message")))
+    if kind not in ("event", "ok"):
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"reply has unknown kind {kind!r}")
+    return Reply(env.get("id"), kind, env.get("body") or {})

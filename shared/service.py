@@ -1,0 +1,239 @@
+"""The process skeleton every Magnitude service shares.
+
+One loop owns the ROUTER socket (ZeroMQ sockets are not thread-safe): it
+decodes each frame, answers ``health`` itself, and puts real work on a bounded
+queue. A worker thread runs the handler and sends its replies back over an
+inproc PUSH socket; the loop forwards them to the client. So a long generation
+never blocks a health check, a full queue answers ``busy`` instead of growing,
+and a bad frame costs one error reply, never the process.
+
+SIGTERM/SIGINT stop intake (new requests get ``shutting_down``), let queued and
+running requests finish, then exit.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+import zmq
+
+from shared import shm
+from shared.config import Config
+from shared.logs import configure_logging
+from shared.protocol import (
+    MESSAGES,
+    PROTOCOL_VERSION,
+    ErrorCode,
+    ProtocolError,
+    Request,
+    decode_request,
+    encode_error,
+    encode_reply,
+)
+
+_REPLY_INPROC = "inproc://replies"
+_DRAIN_TIMEOUT_S = 60.0
+
+
+class Emitter:
+    """What a handler uses to stream ``event`` frames before its final result."""
+
+    def __init__(self, send: Callable[[str, dict], None]):
+        self._send = send
+
+    def event(self, body: dict[str, Any]) -> None:
+        self._send("event", body)
+
+
+Handler = Callable[[Request, Emitter], dict]
+
+
+@dataclass
+class _Job:
+    header: list[bytes]  # ROUTER routing frames, sent back unchanged
+    request: Request
+    received_at: float
+
+
+class Service:
+    """Subclass, register handlers with ``handle``, and call ``run``."""
+
+    name = "service"
+    workers = 1
+
+    def __init__(self, config: Config, endpoint: str | None = None):
+        self.config = config
+        self.endpoint = endpoint or config.runtime.endpoint(self.name)
+        self.log = configure_logging(self.name, config.runtime.log_level)
+        self.shm_pool = shm.ShmPool()
+        self._handlers: dict[str, Handler] = {}
+        self._jobs: queue.Queue[_Job] = queue.Queue(maxsize=config.runtime.queue_size)
+        self._running_jobs = 0
+        self._running_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._started = time.monotonic()
+        self._requests = 0
+        self._errors = 0
+        self._ctx = zmq.Context.instance()
+
+    # --- to be used / overridden by subclasses -------------------------------------------
+    def handle(self, msg_type: str, handler: Handler) -> None:
+        if msg_type not in MESSAGES:
+            raise ValueError(f"{msg_type!r} is not declared in shared.protocol.MESSAGES")
+        self._handlers[msg_type] = handler
+
+    def health_details(self) -> dict[str, Any]:
+        """Service-specific health fields (e.g. the model name)."""
+        return {}
+
+    def close(self) -> None:
+        """Release resources after the loop has stopped."""
+
+    # --- the loop ------------------------------------------------------------------------
+    def health(self) -> dict[str, Any]:
+        rss = psutil.Process().memory_info().rss
+        return {
+            "ok": True,
+            "service": self.name,
+            "pid": os.getpid(),
+            "protocol": PROTOCOL_VERSION,
+            "uptime_s": round(time.monotonic() - self._started, 3),
+            "rss_mb": round(rss / 2**20, 1),
+            "queue_depth": self._jobs.qsize(),
+            "running": self._running_jobs,
+            "requests": self._requests,
+            "errors": self._errors,
+            "stopping": self._stopping.is_set(),
+            **self.health_details(),
+        }
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    def _bind(self) -> zmq.Socket:
+        if self.endpoint.startswith("ipc://"):
+            path = Path(self.endpoint[len("ipc://"):])
+            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            if path.exists():
+                path.unlink()  # a stale socket file from a killed predecessor
+        sock = self._ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.LINGER, 1000)
+        # Hard ceiling well above the typed TOO_LARGE limit, so a huge frame cannot exhaust memory.
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.runtime.max_frame_bytes * 4)
+        sock.bind(self.endpoint)
+        return sock
+
+    def run(self) -> None:
+        removed = shm.sweep_orphans()
+        frontend = self._bind()
+        replies = self._ctx.socket(zmq.PULL)
+        replies.bind(_REPLY_INPROC)
+        workers = [threading.Thread(target=self._work, name=f"{self.name}-worker-{i}", daemon=True)
+                   for i in range(self.workers)]
+        for w in workers:
+            w.start()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: self.stop())
+        self.log.info("service_started", endpoint=self.endpoint, pid=os.getpid(), shm_orphans_removed=len(removed),
+                      **self.health_details())
+        poller = zmq.Poller()
+        poller.register(frontend, zmq.POLLIN)
+        poller.register(replies, zmq.POLLIN)
+        stop_deadline = None
+        last_reap = time.monotonic()
+        while True:
+            if self._stopping.is_set():
+                stop_deadline = stop_deadline or time.monotonic() + _DRAIN_TIMEOUT_S
+                idle = self._jobs.empty() and self._running_jobs == 0
+                if idle or time.monotonic() > stop_deadline:
+                    break
+            for sock, _ in poller.poll(100):
+                if sock is frontend:
+                    self._on_frame(frontend, frontend.recv_multipart(copy=True))
+                else:
+                    frontend.send_multipart(replies.recv_multipart())
+            if time.monotonic() - last_reap > 5:
+                self.shm_pool.reap()
+                last_reap = time.monotonic()
+        while replies.poll(0):  # flush what the workers sent last
+            frontend.send_multipart(replies.recv_multipart())
+        self.log.info("service_stopping", drained=self._jobs.empty(), requests=self._requests)
+        self.shm_pool.close()
+        self.close()
+        frontend.close()
+        replies.close(linger=0)
+        if self.endpoint.startswith("ipc://"):
+            Path(self.endpoint[len("ipc://"):]).unlink(missing_ok=True)
+        self.log.info("service_stopped")
+
+    def _on_frame(self, frontend: zmq.Socket, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            return  # not from a DEALER/REQ peer; nothing to route a reply to
+        header, payload = frames[:-1], frames[-1]
+        self._requests += 1
+        try:
+            req = decode_request(payload, max_frame_bytes=self.config.runtime.max_frame_bytes,
+                                 handled=set(self._handlers) | {"health"})
+        except ProtocolError as err:
+            self._errors += 1
+            self.log.warning("bad_request", code=err.code, error=err.message)
+            frontend.send_multipart(header + [encode_error(err.request_id, err.code, err.message)])
+            return
+        if req.type == "health":
+            frontend.send_multipart(header + [encode_reply(req.id, "ok", self.health())])
+            return
+        if self._stopping.is_set():
+            frontend.send_multipart(header + [encode_error(req.id, ErrorCode.SHUTTING_DOWN,
+                                                           f"{self.name} is shutting down")])
+            return
+        try:
+            self._jobs.put_nowait(_Job(header, req, time.monotonic()))
+        except queue.Full:
+            self._errors += 1
+            frontend.send_multipart(header + [encode_error(
+                req.id, ErrorCode.BUSY, f"{self.name} queue is full ({self._jobs.maxsize}); retry later")])
+
+    def _work(self) -> None:
+        out = self._ctx.socket(zmq.PUSH)
+        out.connect(_REPLY_INPROC)
+        while True:
+            try:
+                job = self._jobs.get(timeout=0.2)
+            except queue.Empty:
+                if self._stopping.is_set() and self._jobs.empty():
+                    break
+                continue
+            with self._running_lock:
+                self._running_jobs += 1
+            try:
+                self._run_job(job, out)
+            finally:
+                with self._running_lock:
+                    self._running_jobs -= 1
+        out.close(linger=1000)
+
+    def _run_job(self, job: _Job, out: zmq.Socket) -> None:
+        req = job.request
+
+        def send(kind: str, body: dict) -> None:
+            out.send_multipart(job.header + [encode_reply(req.id, kind, body)])
+
+        try:
+            result = self._handlers[req.type](req, Emitter(send))
+            send("ok", result)
+        except ProtocolError as err:
+            self._errors += 1
+            out.send_multipart(job.header + [encode_error(req.id, err.code, err.message)])
+        except Exception as exc:  # a handler bug must cost one request, not the service
+            self._errors += 1
+            self.log.exception("handler_failed", type=req.type, request_id=req.id)
+            out.send_multipart(job.header + [encode_error(req.id, ErrorCode.INTERNAL,
+                                                          f"{type(exc).__name__}: {exc}")])

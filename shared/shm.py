@@ -1,0 +1,183 @@
+"""Shared-memory buffers for payloads too big for a msgpack frame.
+
+Ownership moves with the handle: the producer writes a segment and sends its
+handle; the consumer reads it once with ``take_*`` and unlinks it. A producer
+keeps a ``ShmPool`` of what it handed out and unlinks anything not taken within
+a TTL (consumer died or never asked), and at start-up ``sweep_orphans`` unlinks
+segments whose creating process is gone, so a crash leaks nothing past a restart.
+
+Segment names are ``mag_<pid>_<hex>`` so the owner pid can be recovered.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from multiprocessing import resource_tracker, shared_memory
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from shared.protocol import ErrorCode, ProtocolError
+
+PREFIX = "mag_"
+_SHM_DIR = Path("/dev/shm")
+#: Payloads above this many bytes are sent through shm instead of inline.
+INLINE_LIMIT_BYTES = 256 * 1024
+_MAX_SEGMENT_BYTES = 1 << 31
+
+
+def _untrack(shm: shared_memory.SharedMemory) -> None:
+    """Stop Python's resource tracker from unlinking a segment we hand to someone else."""
+    try:
+        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 - no public API on 3.11
+    except Exception:
+        pass
+
+
+def _create(size: int) -> shared_memory.SharedMemory:
+    name = f"{PREFIX}{os.getpid()}_{uuid.uuid4().hex[:16]}"
+    shm = shared_memory.SharedMemory(name=name, create=True, size=max(size, 1))
+    _untrack(shm)
+    return shm
+
+
+def _open(handle: Any) -> shared_memory.SharedMemory:
+    if not isinstance(handle, dict) or not isinstance(handle.get("name"), str):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "shm handle must be a map with a 'name'")
+    name = handle["name"]
+    if not name.startswith(PREFIX) or "/" in name or len(name) > 64:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "shm handle names no Magnitude segment")
+    size = handle.get("size")
+    if not isinstance(size, int) or not 0 <= size <= _MAX_SEGMENT_BYTES:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "shm handle has no valid 'size'")
+    try:
+        shm = shared_memory.SharedMemory(name=name, create=False)
+    except FileNotFoundError:
+        raise ProtocolError(ErrorCode.NOT_FOUND, f"shm buffer {name} does not exist (expired or already taken)")
+    _untrack(shm)
+    if shm.size < size:
+        shm.close()
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"shm buffer {name} is smaller than its handle says")
+    return shm
+
+
+def put_bytes(data: bytes, pool: "ShmPool | None" = None) -> dict:
+    """Copy ``data`` into a new segment and return its handle."""
+    shm = _create(len(data))
+    shm.buf[: len(data)] = data
+    handle = {"name": shm.name, "size": len(data), "kind": "bytes"}
+    shm.close()
+    if pool is not None:
+        pool.track(handle["name"])
+    return handle
+
+
+def put_array(array: np.ndarray, pool: "ShmPool | None" = None) -> dict:
+    """Copy a numpy array into a new segment; the handle carries dtype and shape."""
+    array = np.ascontiguousarray(array)
+    shm = _create(array.nbytes)
+    np.ndarray(array.shape, dtype=array.dtype, buffer=shm.buf)[...] = array
+    handle = {"name": shm.name, "size": array.nbytes, "kind": "array", "dtype": array.dtype.str,
+              "shape": list(array.shape)}
+    shm.close()
+    if pool is not None:
+        pool.track(handle["name"])
+    return handle
+
+
+def _finish(shm: shared_memory.SharedMemory) -> None:
+    shm.close()
+    unlink(shm.name)  # not shm.unlink(): that would also notify the resource tracker we left
+
+
+def take_bytes(handle: Any) -> bytes:
+    """Read a bytes segment and unlink it: a handle can be taken once."""
+    shm = _open(handle)
+    try:
+        return bytes(shm.buf[: handle["size"]])
+    finally:
+        _finish(shm)
+
+
+def take_array(handle: Any) -> np.ndarray:
+    """Read an array segment (copied out) and unlink it."""
+    shm = _open(handle)
+    try:
+        try:
+            dtype = np.dtype(handle["dtype"])
+            shape = tuple(int(d) for d in handle["shape"])
+        except Exception:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "shm array handle needs a valid 'dtype' and 'shape'")
+        if any(d < 0 for d in shape) or int(np.prod(shape)) * dtype.itemsize != handle["size"]:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "shm array handle: shape and dtype do not match size")
+        return np.ndarray(shape, dtype=dtype, buffer=shm.buf).copy()
+    finally:
+        _finish(shm)
+
+
+def unlink(name: str) -> bool:
+    """Remove a segment by name; True if it existed."""
+    try:
+        os.unlink(_SHM_DIR / name)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_orphans() -> list[str]:
+    """Unlink Magnitude segments whose creating process no longer exists."""
+    removed = []
+    if not _SHM_DIR.is_dir():
+        return removed
+    for path in _SHM_DIR.glob(f"{PREFIX}*"):
+        try:
+            pid = int(path.name[len(PREFIX):].split("_", 1)[0])
+        except ValueError:
+            continue
+        if not _pid_alive(pid) and unlink(path.name):
+            removed.append(path.name)
+    return removed
+
+
+def list_segments() -> list[str]:
+    return sorted(p.name for p in _SHM_DIR.glob(f"{PREFIX}*")) if _SHM_DIR.is_dir() else []
+
+
+class ShmPool:
+    """Segments a producer handed out and not yet seen taken; expired ones are unlinked."""
+
+    def __init__(self, ttl_s: float = 60.0):
+        self.ttl_s = ttl_s
+        self._issued: dict[str, float] = {}
+        self._lock = threading.Lock()
+
+    def track(self, name: str) -> None:
+        with self._lock:
+            self._issued[name] = time.monotonic()
+
+    def reap(self, now: float | None = None) -> int:
+        """Unlink handed-out segments older than the TTL; return how many were still there."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            expired = [n for n, t in self._issued.items() if now - t > self.ttl_s]
+            for name in expired:
+                del self._issued[name]
+        return sum(unlink(name) for name in expired)
+
+    def close(self) -> int:
+        """Unlink everything still outstanding (on shutdown)."""
+        return self.reap(now=float("inf"))

@@ -1,0 +1,92 @@
+"""Fixtures: an isolated MAGNITUDE_HOME per test session, and a real inference service process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from shared.config import DEFAULT_MODEL_FILE, Config, magnitude_home, parse_config  # noqa: E402
+
+# The model lives in the user's MAGNITUDE_HOME (assembled by scripts/setup); everything else per run.
+MODEL_PATH = magnitude_home() / "models" / DEFAULT_MODEL_FILE
+
+
+@pytest.fixture(scope="session")
+def run_home():
+    # Short path: ipc socket paths must stay under ~100 bytes.
+    home = Path(tempfile.mkdtemp(prefix="mag", dir="/tmp"))
+    yield home
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def make_config(home: Path, **engine) -> Config:
+    return parse_config({
+        "engine": {"model_path": str(MODEL_PATH), "n_ctx": 2048, "session_slots": 2, **engine},
+        "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data"), "queue_size": 4},
+    })
+
+
+def write_config(home: Path, config: Config) -> Path:
+    from shared.config import dump_config
+    path = home / f"config-{time.monotonic_ns()}.yaml"
+    path.write_text(dump_config(config))
+    return path
+
+
+def require_model() -> None:
+    if not MODEL_PATH.is_file():
+        pytest.fail(f"model not assembled at {MODEL_PATH}; run scripts/setup")
+
+
+class ServiceProcess:
+    """A service started as its own process, the way the launcher does."""
+
+    def __init__(self, name: str, config_path: Path, config: Config):
+        self.name, self.config_path, self.config = name, config_path, config
+        self.endpoint = config.runtime.endpoint(name)
+        self.log = config_path.with_suffix(f".{name}.log")
+        self.proc: subprocess.Popen | None = None
+
+    def start(self, wait_s: float = 60) -> "ServiceProcess":
+        from magnitude.client import Client, ServiceError
+        env = dict(os.environ, PYTHONPATH=str(REPO))
+        self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}", "--config", str(self.config_path)],
+                                     stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), env=env)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"{self.name} exited: {self.log.read_text()[-2000:]}"
+            try:
+                with Client(self.endpoint, timeout_s=1) as c:
+                    if c.health()["ok"]:
+                        return self
+            except ServiceError:
+                time.sleep(0.2)
+        raise TimeoutError(f"{self.name} not healthy in {wait_s}s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture(scope="session")
+def inference_service(run_home):
+    require_model()
+    config = make_config(run_home)
+    svc = ServiceProcess("inference", write_config(run_home, config), config).start()
+    yield svc
+    svc.stop()

@@ -1,0 +1,64 @@
+"""Hostile bytes on the inference socket: every one gets a typed error, the service stays healthy."""
+
+import msgpack
+import pytest
+
+from magnitude.client import Client
+from shared.protocol import PROTOCOL_VERSION, encode_request
+
+pytestmark = pytest.mark.model
+
+
+@pytest.fixture
+def client(inference_service):
+    with Client(inference_service.endpoint, timeout_s=30) as c:
+        yield c
+
+
+def frame_with(**env):
+    base = {"v": PROTOCOL_VERSION, "id": "bad-1", "type": "generate", "session": None, "body": {"prompt": "hi"}}
+    base.update(env)
+    return msgpack.packb({k: v for k, v in base.items() if v is not ...})
+
+
+CASES = {
+    "garbage bytes": (b"\xde\xad\xbe\xef not msgpack", "bad_frame"),
+    "truncated msgpack": (encode_request("generate", {"prompt": "hello there"})[:-4], "bad_frame"),
+    "wrong version": (frame_with(v=99), "bad_version"),
+    "unknown type": (frame_with(type="self_destruct"), "unknown_type"),
+    "oversized frame": (encode_request("generate", {"prompt": "x" * (1 << 20)}), "too_large"),
+    "missing prompt": (frame_with(body={}), "bad_request"),
+    "missing id": (frame_with(id=...), "bad_request"),
+    "wrong field type": (frame_with(body={"prompt": "hi", "max_tokens": "ten"}), "bad_request"),
+    "body not a map": (frame_with(body=[1, 2]), "bad_request"),
+    "bad grammar": (frame_with(body={"prompt": "hi", "grammar": "root ::= ("}), "bad_request"),
+    "bad shm handle": (frame_with(body={"prompt_shm": {"name": "mag_1_gone", "size": 10}}), "not_found"),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_typed_error_and_still_healthy(client, name):
+    frame, code = CASES[name]
+    client.send_raw(frame)
+    reply = client.recv_reply()
+    assert reply.kind == "error" and reply.error_code == code, (name, reply)
+    assert reply.error_message
+    assert client.health()["ok"]
+
+
+def test_busy_when_queue_is_full(inference_service):
+    # queue_size is 4 in the test config: a burst of 12 long requests overflows it.
+    with Client(inference_service.endpoint, timeout_s=120) as c:
+        ids = [f"burst-{i}" for i in range(12)]
+        for rid in ids:
+            c._socket().send(encode_request("generate", {"prompt": "Tell a story.", "max_tokens": 16},
+                                            request_id=rid))
+        finals = {}
+        while len(finals) < len(ids):
+            reply = c.recv_reply()
+            if reply.final:
+                finals[reply.id] = reply
+        codes = [r.error_code for r in finals.values() if r.kind == "error"]
+        assert codes and set(codes) == {"busy"}
+        assert sum(r.kind == "ok" for r in finals.values()) >= 4
+        assert c.health()["ok"]

@@ -1,0 +1,85 @@
+import msgpack
+import pytest
+
+from shared.protocol import (
+    PROTOCOL_VERSION, ErrorCode, ProtocolError, decode_reply, decode_request, encode_error, encode_reply,
+    encode_request,
+)
+
+HANDLED = {"health", "generate"}
+
+
+def decode(frame, limit=1 << 20):
+    return decode_request(frame, max_frame_bytes=limit, handled=HANDLED)
+
+
+def code_of(frame, limit=1 << 20):
+    with pytest.raises(ProtocolError) as info:
+        decode(frame, limit)
+    return info.value.code
+
+
+def test_round_trip():
+    req = decode(encode_request("generate", {"prompt": "hi", "max_tokens": 3}, session="s1", request_id="r1"))
+    assert (req.id, req.type, req.session, req.body) == ("r1", "generate", "s1", {"prompt": "hi", "max_tokens": 3})
+    ok = decode_reply(encode_reply("r1", "ok", {"text": "x"}))
+    assert ok.final and ok.body == {"text": "x"}
+    ev = decode_reply(encode_reply("r1", "event", {"text": "x"}))
+    assert not ev.final
+    err = decode_reply(encode_error("r1", ErrorCode.BUSY, "full"))
+    assert (err.kind, err.error_code, err.error_message) == ("error", "busy", "full")
+
+
+@pytest.mark.parametrize("frame", [b"\xc1garbage", b"", b"\x00\x01\x02"])
+def test_garbage_is_bad_frame(frame):
+    assert code_of(frame) == ErrorCode.BAD_FRAME
+
+
+def test_truncated_msgpack_is_bad_frame():
+    assert code_of(encode_request("health")[:-3]) == ErrorCode.BAD_FRAME
+
+
+def test_non_map_is_bad_frame():
+    assert code_of(msgpack.packb([1, 2, 3])) == ErrorCode.BAD_FRAME
+
+
+def test_wrong_version():
+    assert code_of(encode_request("health", version=PROTOCOL_VERSION + 1)) == ErrorCode.BAD_VERSION
+
+
+def test_unknown_type():
+    assert code_of(encode_request("teleport")) == ErrorCode.UNKNOWN_TYPE
+
+
+def test_oversized_frame():
+    assert code_of(encode_request("generate", {"prompt": "x" * 5000}), limit=4096) == ErrorCode.TOO_LARGE
+
+
+def test_missing_id():
+    frame = msgpack.packb({"v": PROTOCOL_VERSION, "type": "health", "body": {}})
+    assert code_of(frame) == ErrorCode.BAD_REQUEST
+
+
+@pytest.mark.parametrize("body,needle", [
+    ({"prompt": 5}, "'prompt' must be str"),
+    ({"prompt": "x", "max_tokens": "many"}, "'max_tokens'"),
+    ({"prompt": "x", "max_tokens": True}, "not bool"),
+    ({"prompt": "x", "temperature": float("nan")}, "finite"),
+    ({"prompt": "x", "stop": ["a"] * 17}, "longer than"),
+])
+def test_field_types_checked(body, needle):
+    with pytest.raises(ProtocolError) as info:
+        decode(encode_request("generate", body))
+    assert info.value.code == ErrorCode.BAD_REQUEST and needle in info.value.message
+
+
+def test_missing_required_field():
+    with pytest.raises(ProtocolError) as info:
+        decode_request(encode_request("tokenize", {}), max_frame_bytes=1 << 20, handled={"tokenize"})
+    assert info.value.code == ErrorCode.BAD_REQUEST and "missing required field 'text'" in info.value.message
+
+
+def test_error_keeps_request_id():
+    with pytest.raises(ProtocolError) as info:
+        decode(encode_request("teleport", request_id="abc"))
+    assert info.value.request_id == "abc"
