@@ -101,6 +101,10 @@ def cmd_config(args, config) -> int:
     return 0
 
 
+#: Feature areas add their subcommands here: each is ``register(subparsers)``, setting ``fn(args, config)``.
+_COMMAND_GROUPS: list = []
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="magnitude",
@@ -128,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--keep", action="store_true", help="leave the services running afterwards")
     p.set_defaults(fn=cmd_demo)
     sub.add_parser("config", help="print the effective configuration (validates the file)").set_defaults(fn=cmd_config)
+    for register in _COMMAND_GROUPS:
+        register(sub)
     return parser
 
 
