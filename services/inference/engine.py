@@ -107,7 +107,7 @@ class Engine:
         size = llama_cpp.llama_state_seq_get_size(self.ctx.ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()
         written = llama_cpp.llama_state_seq_get_data(self.ctx.ctx, buf, size, seq_id)
-        return bytes(buf[:written])
+        return ctypes.string_at(buf, written)  # one memcpy; slicing a ctypes array builds a list of ints
 
     def load_seq(self, seq_id: int, state: bytes) -> bool:
         buf = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)

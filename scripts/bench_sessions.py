@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Stateless vs session-bound agent steps on the real model, side by side in one run.
+
+A 10-step agent-like conversation (long system prompt, a growing history of
+user turns and model replies) runs four ways against one inference service:
+
+* stateless     - no session id: every step prefills the whole history;
+* session       - one session id: each step prefills only its new tokens;
+* 4 interleaved - four sessions stepped A, B, C, D, A, B ...; all resident (4 slots);
+* 4 on 2 slots  - the same, but only 2 slots: sessions are parked and restored
+                  by copying one sequence's KV (llama_state_seq_get/set_data).
+
+It prints TTFT and total time per step and the ratios at the last step.
+
+    .venv/bin/python scripts/bench_sessions.py [--steps 10] [--max-tokens 24]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from magnitude import launcher  # noqa: E402
+from magnitude.client import Client  # noqa: E402
+from magnitude.prompts import gemma_prompt  # noqa: E402
+from shared.config import dump_config, parse_config  # noqa: E402
+
+SYSTEM = (
+    "You are the task planner of a household robot. You can use these tools: "
+    "move_to(room) moves the robot to a room; pick(object) picks up an object that is in reach; "
+    "place(object, location) puts a held object down; open(container) opens a door, drawer or fridge; "
+    "say(text) speaks to the user; look() describes what the camera sees; wait(seconds) pauses. "
+    "Rules: plan one step at a time, check the result of every step before the next, never hold more "
+    "than one object, keep the user informed, and stop when the task is complete. The house has a "
+    "kitchen, a living room, a bedroom, a bathroom and a hallway. The user is in the living room. "
+) * 3
+TASKS = ["bring a glass of water", "find the red book", "water the plants", "close every window"]
+
+
+def conversation_step(history: list[tuple[str, str]], step: int) -> list[tuple[str, str]]:
+    note = "Start." if step == 0 else f"Step {step} done: the robot reports success. Continue."
+    return history + [("user", note)]
+
+
+def run(client: Client, sessions: list[str | None], steps: int, max_tokens: int) -> list[list[dict]]:
+    """Step every conversation once per round, round-robin; return stats[conversation][step]."""
+    histories = [[("user", f"{SYSTEM}\nTask: {TASKS[i % len(TASKS)]}.")] for i in range(len(sessions))]
+    stats: list[list[dict]] = [[] for _ in sessions]
+    for step in range(steps):
+        for i, session in enumerate(sessions):
+            if step:
+                histories[i] = conversation_step(histories[i], step)
+            result = client.generate(gemma_prompt(histories[i]), session, max_tokens=max_tokens, temperature=0)
+            histories[i] = histories[i] + [("model", result.text)]
+            stats[i].append(result.stats)
+    return stats
+
+
+def median_at(stats: list[list[dict]], step: int, key: str) -> float:
+    """Median over a mode's conversations: robust to a noisy neighbour on a shared machine."""
+    return statistics.median(conv[step][key] for conv in stats)
+
+
+def start_service(home: Path, slots: int, n_ctx: int) -> tuple:
+    config = parse_config({"engine": {"session_slots": slots, "n_ctx": n_ctx},
+                           "runtime": {"runtime_dir": str(home / f"run{slots}"), "queue_size": 8}})
+    path = home / f"bench-{slots}.yaml"
+    path.write_text(dump_config(config))
+    status = launcher.start(config, "inference", str(path), progress=lambda m: print(m, file=sys.stderr))
+    if not status.healthy:
+        sys.exit(f"inference did not start: {status.error}")
+    return config, Client(config.runtime.endpoint("inference"), timeout_s=300)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--max-tokens", type=int, default=24)
+    parser.add_argument("--n-ctx", type=int, default=4096)
+    args = parser.parse_args()
+
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="magb", dir="/tmp") as tmp:
+        for slots, modes in ((4, {"stateless": [None], "session": ["solo"],
+                                  "4 interleaved": ["a", "b", "c", "d"]}),
+                             (2, {"4 on 2 slots": ["pa", "pb", "pc", "pd"]})):
+            config, client = start_service(Path(tmp), slots, args.n_ctx)
+            try:
+                client.generate("warm up", None, max_tokens=1)
+                for mode, sessions in modes.items():
+                    print(f"running {mode} ({len(sessions)} conversation(s) x {args.steps} steps) ...",
+                          file=sys.stderr, flush=True)
+                    results[mode] = run(client, sessions, args.steps, args.max_tokens)
+            finally:
+                client.close()
+                launcher.stop(config, "inference")
+
+    modes = list(results)
+    print(f"\nTTFT (s) and total (s) per step; median over each mode's conversations; "
+          f"max_tokens={args.max_tokens}, temperature 0")
+    header = f"{'step':>4} {'prompt':>6} " + " ".join(f"{m + ' ttft':>18} {'total':>6}" for m in modes)
+    print(header)
+    for step in range(args.steps):
+        row = f"{step + 1:>4} {results['stateless'][0][step]['prompt_tokens']:>6} "
+        row += " ".join(f"{median_at(results[m], step, 'ttft_s'):>18.3f} {median_at(results[m], step, 'total_s'):>6.2f}"
+                        for m in modes)
+        print(row)
+    last = args.steps - 1
+    base = median_at(results["stateless"], last, "ttft_s")
+    print(f"\nat step {args.steps}: stateless TTFT {base:.3f}s")
+    for mode in modes[1:]:
+        ttft = median_at(results[mode], last, "ttft_s")
+        cached = median_at(results[mode], last, "cached_tokens")
+        prefill = median_at(results[mode], last, "prefill_tokens")
+        switch = statistics.median(s["kv_switch_ms"] for conv in results[mode] for s in conv[1:])
+        print(f"  {mode:<14} TTFT {ttft:.3f}s  -> {base / ttft:5.1f}x lower than stateless "
+              f"(cached {cached:.0f} tokens, prefilled {prefill:.0f}; median slot switch {switch:.1f} ms)")
+    restored = sum(s["kv_source"] == "restored" for conv in results["4 on 2 slots"] for s in conv)
+    print(f"  '4 on 2 slots' restored a parked session {restored} times")
+    print("\nreproduce: .venv/bin/python scripts/bench_sessions.py " + " ".join(sys.argv[1:]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
