@@ -163,7 +163,9 @@ class Service:
             if time.monotonic() - last_reap > 5:
                 self.shm_pool.reap()
                 last_reap = time.monotonic()
-        while replies.poll(0):  # flush what the workers sent last
+        for w in workers:  # they exit once stopping and idle; their sockets flush on close
+            w.join(timeout=5)
+        while replies.poll(100):  # forward what the workers sent last
             frontend.send_multipart(replies.recv_multipart())
         self.log.info("service_stopping", drained=self._jobs.empty(), requests=self._requests)
         self.shm_pool.close()

@@ -1,0 +1,33 @@
+"""SIGTERM drains: a request in flight when the service is told to stop still gets its answer."""
+
+import signal
+
+import pytest
+
+from magnitude.client import Client
+from shared import shm
+from shared.protocol import encode_request
+from tests.conftest import ServiceProcess, make_config, require_model, write_config
+
+pytestmark = pytest.mark.model
+
+
+def test_sigterm_finishes_in_flight_request_then_exits(tmp_path_factory):
+    require_model()
+    home = tmp_path_factory.mktemp("sd")
+    config = make_config(home)
+    svc = ServiceProcess("inference", write_config(home, config), config).start()
+    try:
+        with Client(svc.endpoint, timeout_s=120) as client:
+            client._socket().send(encode_request("generate", {"prompt": "Tell me about robots.", "max_tokens": 48},
+                                                 request_id="inflight"))
+            # Wait until the worker has picked it up, then ask the service to stop.
+            while client.health()["running"] == 0:
+                pass
+            svc.proc.send_signal(signal.SIGTERM)
+            reply = client.recv_reply("inflight")
+            assert reply.kind == "ok" and reply.body["completion_tokens"] > 0
+        assert svc.proc.wait(30) == 0
+        assert not [s for s in shm.list_segments() if s.startswith(f"mag_{svc.proc.pid}_")]
+    finally:
+        svc.stop()
