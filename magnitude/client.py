@@ -16,8 +16,10 @@ from typing import Any, AsyncIterator, Iterator
 
 import zmq
 import zmq.asyncio
+from zmq.utils.monitor import recv_monitor_message
 
 from shared import shm
+from shared import security
 from shared.config import Config, load_config
 from shared.protocol import ErrorCode, Reply, decode_reply, encode_request, new_request_id
 
@@ -29,6 +31,18 @@ class ServiceError(Exception):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
+
+
+@dataclass(frozen=True)
+class CurveKeys:
+    """Where this client's CURVE keypair and the server's public key live (see shared.security)."""
+
+    keys_dir: Path
+    client_name: str
+
+
+_HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                     | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 
 
 @dataclass
@@ -53,14 +67,29 @@ def _generate_body(prompt: str, stream: bool, params: dict[str, Any]) -> dict[st
 
 
 class _Base:
-    def __init__(self, endpoint: str, timeout_s: float):
+    def __init__(self, endpoint: str, timeout_s: float, curve: CurveKeys | None = None):
         self.endpoint = endpoint
         self.timeout_s = timeout_s
+        self.curve = curve
 
     @classmethod
     def for_service(cls, service: str, config: Config | None = None, timeout_s: float = 60.0):
+        """A client for ``service`` as configured, with CURVE keys where its endpoint requires them."""
         config = config or load_config()
-        return cls(config.runtime.endpoint(service), timeout_s=timeout_s)
+        endpoint = config.runtime.endpoint(service)
+        curve = (CurveKeys(config.runtime.resolved_keys_dir(), config.runtime.client_key)
+                 if security.needs_curve(config.runtime, endpoint) else None)
+        return cls(endpoint, timeout_s=timeout_s, curve=curve)
+
+    def _configure(self, sock: zmq.Socket) -> None:
+        sock.setsockopt(zmq.LINGER, 0)
+        if self.curve is not None:
+            security.apply_curve_client(sock, self.curve.keys_dir, self.curve.client_name)
+        sock.connect(self.endpoint)
+
+    def _refused(self) -> ServiceError:
+        return ServiceError(ErrorCode.UNAUTHORIZED,
+                            f"{self.endpoint} refused the connection handshake (missing or wrong CURVE key?)")
 
     def _check_reachable(self) -> None:
         """An ipc endpoint without its socket file means the service is not running: say so at once."""
@@ -81,20 +110,26 @@ class _Base:
 class Client(_Base):
     """Blocking client; one DEALER socket, one request in flight at a time."""
 
-    def __init__(self, endpoint: str, timeout_s: float = 60.0):
-        super().__init__(endpoint, timeout_s)
+    def __init__(self, endpoint: str, timeout_s: float = 60.0, curve: CurveKeys | None = None):
+        super().__init__(endpoint, timeout_s, curve)
         self._ctx = zmq.Context.instance()
         self._sock: zmq.Socket | None = None
+        self._monitor: zmq.Socket | None = None
 
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
             self._sock = self._ctx.socket(zmq.DEALER)
-            self._sock.setsockopt(zmq.LINGER, 0)
-            self._sock.connect(self.endpoint)
+            if self.endpoint.startswith("tcp://"):  # only tcp has handshakes that can be refused
+                self._monitor = self._sock.get_monitor_socket(_HANDSHAKE_FAILED)
+            self._configure(self._sock)
         return self._sock
 
     def _reset(self) -> None:
         if self._sock is not None:
+            if self._monitor is not None:
+                self._sock.disable_monitor()
+                self._monitor.close(linger=0)
+                self._monitor = None
             self._sock.close(linger=0)
             self._sock = None
 
@@ -116,10 +151,19 @@ class Client(_Base):
                    what: str = "request") -> Reply:
         """Next reply frame for ``request_id`` (stale replies of abandoned requests are skipped)."""
         sock = self._socket()
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        if self._monitor is not None:
+            poller.register(self._monitor, zmq.POLLIN)
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not sock.poll(int(remaining * 1000)):
+            ready = dict(poller.poll(int(remaining * 1000))) if remaining > 0 else {}
+            if self._monitor is not None and self._monitor in ready:
+                recv_monitor_message(self._monitor)
+                self._reset()
+                raise self._refused()
+            if sock not in ready:
                 self._reset()
                 raise self._timeout(what)
             reply = decode_reply(sock.recv())
@@ -162,16 +206,15 @@ class Client(_Base):
 class AsyncClient(_Base):
     """asyncio client for robot stacks; same calls as ``Client``, awaitable."""
 
-    def __init__(self, endpoint: str, timeout_s: float = 60.0):
-        super().__init__(endpoint, timeout_s)
+    def __init__(self, endpoint: str, timeout_s: float = 60.0, curve: CurveKeys | None = None):
+        super().__init__(endpoint, timeout_s, curve)
         self._ctx = zmq.asyncio.Context.instance()
         self._sock: zmq.asyncio.Socket | None = None
 
     def _socket(self) -> zmq.asyncio.Socket:
         if self._sock is None:
             self._sock = self._ctx.socket(zmq.DEALER)
-            self._sock.setsockopt(zmq.LINGER, 0)
-            self._sock.connect(self.endpoint)
+            self._configure(self._sock)
         return self._sock
 
     def close(self) -> None:

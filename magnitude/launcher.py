@@ -51,7 +51,7 @@ def read_pid(config: Config, name: str) -> int | None:
 
 def check(config: Config, name: str, timeout_s: float = 5.0) -> ServiceStatus:
     try:
-        with Client(config.runtime.endpoint(name), timeout_s=timeout_s) as client:
+        with Client.for_service(name, config, timeout_s=timeout_s) as client:
             detail = client.health()
         return ServiceStatus(name, bool(detail.get("ok")), detail)
     except ServiceError as err:

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from shared.config import ConfigError, load_config
+from shared.security import SecurityError
 
 
 def run_service(service_cls, name: str, argv: list[str] | None = None) -> None:
@@ -24,4 +25,8 @@ def run_service(service_cls, name: str, argv: list[str] | None = None) -> None:
     except (FileNotFoundError, ValueError) as err:
         print(f"{name}: cannot start: {err}", file=sys.stderr)
         sys.exit(1)
-    service.run()
+    try:
+        service.run()
+    except SecurityError as err:
+        print(f"{name}: refusing to start: {err}", file=sys.stderr)
+        sys.exit(1)

@@ -78,6 +78,11 @@ class RuntimeConfig(_Section):
     max_frame_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
     queue_size: int = Field(32, ge=1, le=100000, description="requests waiting per service before 'busy'")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    curve: bool = Field(False, description="require CURVE auth on every tcp endpoint, loopback too "
+                                           "(always required beyond loopback)")
+    keys_dir: Path | None = Field(None, description="CURVE keys from scripts/keys; default data_dir/keys")
+    client_key: str = Field("local", pattern=r"^[A-Za-z0-9_.-]{1,64}$",
+                            description="name of the client key this machine's tools use")
 
     @field_validator("endpoints")
     @classmethod
@@ -97,6 +102,9 @@ class RuntimeConfig(_Section):
 
     def endpoint(self, service: str) -> str:
         return self.endpoints.get(service) or f"ipc://{self.run_dir() / service}.sock"
+
+    def resolved_keys_dir(self) -> Path:
+        return self.keys_dir or self.resolved_data_dir() / "keys"
 
 
 class Config(_Section):

@@ -45,6 +45,7 @@ class ErrorCode:
     SHUTTING_DOWN = "shutting_down"  # service is draining and takes no new work
     TIMEOUT = "timeout"  # client gave up waiting (raised locally)
     UNAVAILABLE = "unavailable"  # service not reachable (raised locally)
+    UNAUTHORIZED = "unauthorized"  # CURVE handshake refused (raised locally)
     NOT_FOUND = "not_found"  # a named thing (session, shm buffer, model) is unknown
     INTERNAL = "internal"  # the handler failed; the service keeps serving
 

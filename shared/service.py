@@ -28,6 +28,7 @@ import zmq
 from shared import shm
 from shared.config import Config
 from shared.logs import configure_logging
+from shared.security import CurveServer, needs_curve
 from shared.protocol import (
     MESSAGES,
     PROTOCOL_VERSION,
@@ -83,6 +84,7 @@ class Service:
         self._requests = 0
         self._errors = 0
         self._ctx = zmq.Context.instance()
+        self._curve: CurveServer | None = None
 
     # --- to be used / overridden by subclasses -------------------------------------------
     def handle(self, msg_type: str, handler: Handler) -> None:
@@ -126,6 +128,9 @@ class Service:
                 path.unlink()  # a stale socket file from a killed predecessor
         sock = self._ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 1000)
+        if needs_curve(self.config.runtime, self.endpoint):
+            self._curve = CurveServer(self._ctx, self.config.runtime.resolved_keys_dir())
+            self._curve.apply(sock)
         # Hard ceiling well above the typed TOO_LARGE limit, so a huge frame cannot exhaust memory.
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.runtime.max_frame_bytes * 4)
         sock.bind(self.endpoint)
@@ -143,7 +148,7 @@ class Service:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
         self.log.info("service_started", endpoint=self.endpoint, pid=os.getpid(), shm_orphans_removed=len(removed),
-                      **self.health_details())
+                      curve=self._curve is not None, **self.health_details())
         poller = zmq.Poller()
         poller.register(frontend, zmq.POLLIN)
         poller.register(replies, zmq.POLLIN)
@@ -172,6 +177,8 @@ class Service:
         self.close()
         frontend.close()
         replies.close(linger=0)
+        if self._curve is not None:
+            self._curve.stop()
         if self.endpoint.startswith("ipc://"):
             Path(self.endpoint[len("ipc://"):]).unlink(missing_ok=True)
         self.log.info("service_stopped")

@@ -51,8 +51,8 @@ def require_model() -> None:
 class ServiceProcess:
     """A service started as its own process, the way the launcher does."""
 
-    def __init__(self, name: str, config_path: Path, config: Config):
-        self.name, self.config_path, self.config = name, config_path, config
+    def __init__(self, name: str, config_path: Path, config: Config, curve=None):
+        self.name, self.config_path, self.config, self.curve = name, config_path, config, curve
         self.endpoint = config.runtime.endpoint(name)
         self.log = config_path.with_suffix(f".{name}.log")
         self.proc: subprocess.Popen | None = None
@@ -66,7 +66,7 @@ class ServiceProcess:
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"{self.name} exited: {self.log.read_text()[-2000:]}"
             try:
-                with Client(self.endpoint, timeout_s=1) as c:
+                with Client(self.endpoint, timeout_s=1, curve=self.curve) as c:
                     if c.health()["ok"]:
                         return self
             except ServiceError:
