@@ -17,6 +17,15 @@ sys.path.insert(0, str(REPO))
 
 from shared.config import DEFAULT_MODEL_FILE, Config, magnitude_home, parse_config  # noqa: E402
 
+#: Inputs tried per fuzz target, printed in the test summary.
+FUZZ_COUNTS: dict[str, int] = {}
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FUZZ_COUNTS:
+        terminalreporter.write_line("fuzz inputs tried: " + ", ".join(f"{k}={v}" for k, v in FUZZ_COUNTS.items()))
+
+
 # The model lives in the user's MAGNITUDE_HOME (assembled by scripts/setup); everything else per run.
 MODEL_PATH = magnitude_home() / "models" / DEFAULT_MODEL_FILE
 
@@ -90,3 +99,26 @@ def inference_service(run_home):
     svc = ServiceProcess("inference", write_config(run_home, config), config).start()
     yield svc
     svc.stop()
+
+
+class MemoryServices:
+    """The embedding and retrieval processes, started in launcher order."""
+
+    def __init__(self, home: Path):
+        if not make_config(home).memory.resolved_embedding_model_path().is_file():
+            pytest.fail("embedding model not assembled; run scripts/setup")
+        self.config = make_config(home)
+        path = write_config(home, self.config)
+        self.embedding = ServiceProcess("embedding", path, self.config).start()
+        self.retrieval = ServiceProcess("retrieval", path, self.config).start()
+
+    def stop(self) -> None:
+        self.retrieval.stop()
+        self.embedding.stop()
+
+
+@pytest.fixture(scope="session")
+def memory_services(run_home):
+    services = MemoryServices(run_home)
+    yield services
+    services.stop()
