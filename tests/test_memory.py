@@ -1,5 +1,6 @@
 """Embedding and retrieval services with the real all-MiniLM-L6-v2 GGUF, as separate processes."""
 
+import json
 import os
 import signal
 import threading
@@ -150,3 +151,29 @@ def test_kill_9_mid_ingest_loses_nothing_acknowledged(memory_services, tmp_path_
         print(f"\nkill -9 after {len(acked)} acknowledged upserts: all present after restart")
     finally:
         svc.stop()
+
+
+def test_cli_add_query_stats(memory_services, tmp_path):
+    import subprocess
+    import sys
+    from tests.conftest import REPO
+
+    def cli(*args):
+        out = subprocess.run([sys.executable, "-m", "magnitude.cli", "--config",
+                              str(memory_services.retrieval.config_path), "memory", *args],
+                             capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONPATH=str(REPO)))
+        return out.returncode, out.stdout, out.stderr
+
+    docs = tmp_path / "docs.txt"
+    docs.write_text("The boiler is serviced every October.\nThe cat's vet is Dr. Lopez on Main Street.\n")
+    assert cli("add", "--collection", "cli", "--file", str(docs), "--meta", "source=file")[0] == 0
+    rc, out, err = cli("add", "--collection", "cli", "--id", "wifi", "The guest wifi password is on the fridge.")
+    assert rc == 0 and "wifi" in out
+    rc, out, _ = cli("query", "--collection", "cli", "who treats the cat?", "-k", "1")
+    assert rc == 0 and "Lopez" in out
+    rc, out, _ = cli("query", "--collection", "cli", "boiler", "--where", "source=file", "--hybrid", "--json")
+    assert rc == 0 and json.loads(out)[0]["text"].startswith("The boiler")
+    rc, out, _ = cli("stats")
+    assert rc == 0 and "cli" in out and "documents" in out
+    rc, _, err = cli("query", "--collection", "cli", "x", "-k", "0")
+    assert rc == 1 and "bad_request" in err
