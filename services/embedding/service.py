@@ -7,7 +7,6 @@ query's database work.
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -30,7 +29,7 @@ class Embedder:
         self.model_path = mem.resolved_embedding_model_path()
         if not self.model_path.is_file():
             raise FileNotFoundError(f"embedding model {self.model_path} not found; run scripts/setup")
-        threads = mem.embedding_n_threads or max(1, (os.cpu_count() or 2))
+        threads = mem.embedding_n_threads
         self.llm = llama_cpp.Llama(str(self.model_path), embedding=True, n_ctx=512, n_batch=512, n_ubatch=512,
                                    n_threads=threads, n_threads_batch=threads, verbose=False)
         self.batch_size = mem.embedding_batch_size
