@@ -55,12 +55,12 @@ class GenerateResult:
         return cls(body.get("text", ""), {k: v for k, v in body.items() if k != "text"})
 
 
-def _generate_body(prompt: str, stream: bool, params: dict[str, Any]) -> dict[str, Any]:
+def _generate_body(prompt: str, session: str | None, stream: bool, params: dict[str, Any]) -> dict[str, Any]:
     body = {k: v for k, v in params.items() if v is not None}
     body["stream"] = stream
     encoded = prompt.encode()
     if len(encoded) > shm.INLINE_LIMIT_BYTES:
-        body["prompt_shm"] = shm.put_bytes(encoded)
+        body["prompt_shm"] = shm.put_bytes(encoded, session=session)
     else:
         body["prompt"] = prompt
     return body
@@ -194,12 +194,12 @@ class Client(_Base):
         return self.request("health")
 
     def generate(self, prompt: str, session_id: str | None = None, **params: Any) -> GenerateResult:
-        return GenerateResult.from_body(self.request("generate", _generate_body(prompt, False, params), session_id))
+        return GenerateResult.from_body(self.request("generate", _generate_body(prompt, session_id, False, params), session_id))
 
     def generate_stream(self, prompt: str, session_id: str | None = None, **params: Any
                         ) -> Iterator[str | GenerateResult]:
         """Yield text pieces as they are produced, then one ``GenerateResult`` with the stats."""
-        for reply in self.stream("generate", _generate_body(prompt, True, params), session_id):
+        for reply in self.stream("generate", _generate_body(prompt, session_id, True, params), session_id):
             yield GenerateResult.from_body(reply.body) if reply.final else reply.body.get("text", "")
 
 
@@ -253,10 +253,10 @@ class AsyncClient(_Base):
         return await self.request("health")
 
     async def generate(self, prompt: str, session_id: str | None = None, **params: Any) -> GenerateResult:
-        body = await self.request("generate", _generate_body(prompt, False, params), session_id)
+        body = await self.request("generate", _generate_body(prompt, session_id, False, params), session_id)
         return GenerateResult.from_body(body)
 
     async def generate_stream(self, prompt: str, session_id: str | None = None, **params: Any
                               ) -> AsyncIterator[str | GenerateResult]:
-        async for reply in self.stream("generate", _generate_body(prompt, True, params), session_id):
+        async for reply in self.stream("generate", _generate_body(prompt, session_id, True, params), session_id):
             yield GenerateResult.from_body(reply.body) if reply.final else reply.body.get("text", "")

@@ -6,7 +6,10 @@ keeps a ``ShmPool`` of what it handed out and unlinks anything not taken within
 a TTL (consumer died or never asked), and at start-up ``sweep_orphans`` unlinks
 segments whose creating process is gone, so a crash leaks nothing past a restart.
 
-Segment names are ``mag_<pid>_<hex>`` so the owner pid can be recovered.
+Segment names are ``mag_<pid>_<hex>`` so the owner pid can be recovered; the
+64 random bits make a name unguessable, and segments are created mode 0600.
+A handle made for a session carries its id, and ``take_*`` refuses it to a
+request of any other session (and leaves it for its owner).
 """
 
 from __future__ import annotations
@@ -45,9 +48,11 @@ def _create(size: int) -> shared_memory.SharedMemory:
     return shm
 
 
-def _open(handle: Any) -> shared_memory.SharedMemory:
+def _open(handle: Any, session: str | None) -> shared_memory.SharedMemory:
     if not isinstance(handle, dict) or not isinstance(handle.get("name"), str):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "shm handle must be a map with a 'name'")
+    if handle.get("session") is not None and handle["session"] != session:
+        raise ProtocolError(ErrorCode.NOT_FOUND, "shm buffer belongs to another session")
     name = handle["name"]
     if not name.startswith(PREFIX) or "/" in name or len(name) > 64:
         raise ProtocolError(ErrorCode.BAD_REQUEST, "shm handle names no Magnitude segment")
@@ -65,24 +70,24 @@ def _open(handle: Any) -> shared_memory.SharedMemory:
     return shm
 
 
-def put_bytes(data: bytes, pool: "ShmPool | None" = None) -> dict:
-    """Copy ``data`` into a new segment and return its handle."""
+def put_bytes(data: bytes, pool: "ShmPool | None" = None, session: str | None = None) -> dict:
+    """Copy ``data`` into a new segment and return its handle (bound to ``session`` if given)."""
     shm = _create(len(data))
     shm.buf[: len(data)] = data
-    handle = {"name": shm.name, "size": len(data), "kind": "bytes"}
+    handle = {"name": shm.name, "size": len(data), "kind": "bytes", "session": session}
     shm.close()
     if pool is not None:
         pool.track(handle["name"])
     return handle
 
 
-def put_array(array: np.ndarray, pool: "ShmPool | None" = None) -> dict:
-    """Copy a numpy array into a new segment; the handle carries dtype and shape."""
+def put_array(array: np.ndarray, pool: "ShmPool | None" = None, session: str | None = None) -> dict:
+    """Copy a numpy array into a new segment; the handle carries dtype, shape and ``session``."""
     array = np.ascontiguousarray(array)
     shm = _create(array.nbytes)
     np.ndarray(array.shape, dtype=array.dtype, buffer=shm.buf)[...] = array
     handle = {"name": shm.name, "size": array.nbytes, "kind": "array", "dtype": array.dtype.str,
-              "shape": list(array.shape)}
+              "shape": list(array.shape), "session": session}
     shm.close()
     if pool is not None:
         pool.track(handle["name"])
@@ -94,18 +99,18 @@ def _finish(shm: shared_memory.SharedMemory) -> None:
     unlink(shm.name)  # not shm.unlink(): that would also notify the resource tracker we left
 
 
-def take_bytes(handle: Any) -> bytes:
-    """Read a bytes segment and unlink it: a handle can be taken once."""
-    shm = _open(handle)
+def take_bytes(handle: Any, session: str | None = None) -> bytes:
+    """Read a bytes segment and unlink it: a handle can be taken once, by its own session."""
+    shm = _open(handle, session)
     try:
         return bytes(shm.buf[: handle["size"]])
     finally:
         _finish(shm)
 
 
-def take_array(handle: Any) -> np.ndarray:
+def take_array(handle: Any, session: str | None = None) -> np.ndarray:
     """Read an array segment (copied out) and unlink it."""
-    shm = _open(handle)
+    shm = _open(handle, session)
     try:
         try:
             dtype = np.dtype(handle["dtype"])

@@ -55,7 +55,9 @@ def test_interleaved_sessions_beyond_slots_are_parked_and_restored(client):
         assert again.stats["cached_tokens"] >= first[name].stats["prompt_tokens"]
         cold = client.generate(follow, None, max_tokens=12, temperature=0)
         assert again.text == cold.text
-    assert client.request("sessions")["parked"]
+    overview = client.request("sessions", session="ia")
+    assert overview["parked"] >= 1 and overview["session"]["where"] in ("resident", "parked")
+    assert "ib" not in str(overview)  # other sessions' ids are not disclosed
 
 
 def test_stop_sequences_and_max_tokens(client):
@@ -85,6 +87,15 @@ def test_large_prompt_travels_through_shm(client):
         client.generate(prompt, max_tokens=1)
     assert "n_ctx" in info.value.message  # the service read the prompt from the segment
     assert set(shm.list_segments()) <= before  # and released it
+
+
+def test_prompt_shm_of_another_session_is_refused(client):
+    from shared import shm
+    handle = shm.put_bytes(b"secret plan of session A", session="owner-a")
+    with pytest.raises(ServiceError) as info:
+        client.request("generate", {"prompt_shm": handle, "max_tokens": 1}, session="intruder-b")
+    assert info.value.code == "not_found" and "another session" in info.value.message
+    assert shm.take_bytes(handle, session="owner-a") == b"secret plan of session A"
 
 
 def test_session_drop(client):

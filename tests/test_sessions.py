@@ -42,10 +42,11 @@ def test_lru_session_is_parked_and_restored():
     use(t, kv, "a", [1, 2, 3])
     use(t, kv, "b", [4, 5])
     use(t, kv, "c", [6])  # evicts a (least recently used)
-    assert "a" in t.describe()["parked"] and ("save", 0) in kv.ops
+    assert t.describe("a")["session"] == {"where": "parked", "tokens": 3} and ("save", 0) in kv.ops
     got = t.acquire("a")  # evicts b, restores a
     assert got.source == "restored" and got.slot.tokens == [1, 2, 3]
-    assert set(t.describe()["resident"]) == {"a", "c"} and "b" in t.describe()["parked"]
+    assert t.describe("a")["session"]["where"] == "resident" and t.describe("c")["session"]["where"] == "resident"
+    assert t.describe("b")["session"]["where"] == "parked" and t.describe(None)["parked"] == 1
 
 
 def test_park_budget_evicts_oldest():
@@ -54,7 +55,8 @@ def test_park_budget_evicts_oldest():
     use(t, kv, "a", [1, 2, 3])
     use(t, kv, "b", [4, 5, 6])
     use(t, kv, "c", [7])
-    assert list(t.describe()["parked"]) == ["b"] and t.parked_bytes <= 45
+    assert t.describe("b")["session"]["where"] == "parked" and t.describe(None)["parked"] == 1
+    assert t.parked_bytes <= 45
     assert t.acquire("a").source == "cold"
 
 
@@ -71,4 +73,4 @@ def test_drop_forgets_everywhere():
     use(t, kv, "a", [1])
     use(t, kv, "b", [2])
     assert t.drop("a") and t.drop("b") and not t.drop("a")
-    assert t.describe()["resident"] == {} and t.describe()["parked"] == {}
+    assert t.describe(None)["resident"] == 0 and t.describe(None)["parked"] == 0

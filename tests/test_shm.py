@@ -64,3 +64,12 @@ def test_pool_reaps_untaken_segments():
     handle = shm.put_bytes(b"never taken", pool)
     assert pool.reap(now=float("inf")) == 1
     assert handle["name"] not in shm.list_segments()
+
+
+def test_handle_of_another_session_is_refused_and_kept_for_its_owner():
+    handle = shm.put_bytes(b"session A's tool output", session="A")
+    for other in ("B", None):
+        with pytest.raises(ProtocolError) as info:
+            shm.take_bytes(handle, session=other)
+        assert info.value.code == ErrorCode.NOT_FOUND and "another session" in info.value.message
+    assert shm.take_bytes(handle, session="A") == b"session A's tool output"

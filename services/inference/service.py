@@ -18,7 +18,7 @@ class InferenceService(Service):
         self.engine = Engine(config.engine)
         self.handle("generate", self.on_generate)
         self.handle("session.drop", self.on_session_drop)
-        self.handle("sessions", lambda req, _: self.engine.sessions.describe())
+        self.handle("sessions", lambda req, _: self.engine.sessions.describe(req.session))
         self.handle("tokenize", lambda req, _: {"tokens": self.engine.tokenize(req.body["text"])})
 
     def health_details(self) -> dict:
@@ -47,7 +47,7 @@ class InferenceService(Service):
     def on_generate(self, req: Request, emit: Emitter) -> dict:
         if "prompt_shm" in req.body:
             try:
-                prompt = shm.take_bytes(req.body["prompt_shm"]).decode()
+                prompt = shm.take_bytes(req.body["prompt_shm"], req.session).decode()
             except UnicodeDecodeError:
                 raise ProtocolError(ErrorCode.BAD_REQUEST, "prompt_shm does not hold UTF-8 text")
         elif "prompt" in req.body:

@@ -106,10 +106,14 @@ class SessionTable:
             found = True
         return found
 
-    def describe(self) -> dict:
-        return {
-            "resident": {s.session: len(s.tokens) for s in self.slots if s.session is not None},
-            "parked": {k: len(v.tokens) for k, v in self._parked.items()},
-            "parked_mb": round(self.parked_bytes / 2**20, 2),
-            "slots": len(self.slots),
-        }
+    def describe(self, session: str | None) -> dict:
+        """Totals, plus where ``session``'s own KV lives: never other sessions' ids (they are capabilities)."""
+        resident = {s.session: len(s.tokens) for s in self.slots if s.session is not None}
+        if session in resident:
+            mine = {"where": "resident", "tokens": resident[session]}
+        elif session in self._parked:
+            mine = {"where": "parked", "tokens": len(self._parked[session].tokens)}
+        else:
+            mine = {"where": "none", "tokens": 0}
+        return {"slots": len(self.slots), "resident": len(resident), "parked": len(self._parked),
+                "parked_mb": round(self.parked_bytes / 2**20, 2), "session": mine}
