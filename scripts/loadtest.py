@@ -125,11 +125,12 @@ def soak(config: Config, seconds: float, max_tokens: int, sample_s: float) -> in
     runner.start()
     samples = []
     t0 = time.monotonic()
-    print(f"{'t s':>6} " + " ".join(f"{n + ' MB':>14}" for n in SERVICE_NAMES))
+    names = list(rss_of_services(config))  # the services that are running
+    print(f"{'t s':>6} " + " ".join(f"{n + ' MB':>14}" for n in names))
     while runner.is_alive():
         rss = rss_of_services(config)
         samples.append(rss)
-        print(f"{time.monotonic() - t0:>6.0f} " + " ".join(f"{rss.get(n, float('nan')):>14.1f}" for n in SERVICE_NAMES),
+        print(f"{time.monotonic() - t0:>6.0f} " + " ".join(f"{rss.get(n, float('nan')):>14.1f}" for n in names),
               flush=True)
         runner.join(timeout=sample_s)
     half = samples[len(samples) // 2:]
