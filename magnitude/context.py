@@ -13,6 +13,7 @@ counted once more at the end, so the result never exceeds the budget.
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -27,6 +28,7 @@ Remember = Callable[[list["Turn"]], None]
 _SUMMARY_HEADING = "Summary of the earlier conversation:\n"
 _MEMORY_HEADING = "Relevant memories:\n"
 _TOOLS_HEADING = "Tools and results:\n"
+_BOLD = re.compile(r"</?b>|\*\*")  # the small model likes to bold names
 
 
 @dataclass(frozen=True)
@@ -196,12 +198,20 @@ def service_token_counter(inference: Client) -> CountTokens:
 
 
 def model_summarizer(inference: Client, render: Callable[[list[tuple[str, str]]], str] = gemma_prompt) -> Summarize:
-    """Summarize turns with the chat model itself (greedy, short)."""
+    """Summarize turns with the chat model itself (greedy, short).
+
+    The transcript comes first and the reply is primed with "In this conversation,": asked the plain way,
+    Gemma 3 270M echoes the instruction back instead of summarizing (seen here).
+    """
+    lead = "In this conversation,"
+
     def summarize(turns: list[Turn], max_tokens: int) -> str:
-        transcript = "\n".join(f"{t.role}: {t.text}" for t in turns)
-        prompt = render([("user", "Summarize this conversation in two or three short sentences. Keep names, "
-                                  f"numbers and decisions.\n\n{transcript}")])
-        return inference.generate(prompt, max_tokens=max_tokens, temperature=0.0).text
+        names = {"user": "User", "model": "Assistant", "summary": "Earlier"}
+        transcript = "\n".join(f"{names.get(t.role, t.role)}: {t.text}" for t in turns)
+        prompt = render([("user", f"{transcript}\n\nSummarize the conversation above in one or two sentences, "
+                                  "keeping names, places and numbers.")]) + lead
+        text = inference.generate(prompt, max_tokens=max_tokens, temperature=0.0, stop=["\n"]).text
+        return (lead + _BOLD.sub("", text)).strip()
     return summarize
 
 

@@ -93,6 +93,7 @@ def test_real_tokenizer_and_summarizer(inference_service, memory_services):
     built = cm.build("You are a helpful home robot.", turns, memories=["The fern is in the living room."])
     assert count(built.prompt) == built.usage["total"] <= 256 - 32
     assert built.summary and built.summarized_turns > 0
+    assert "Summarize" not in built.summary  # a summary, not the instruction echoed back
     print(f"\nreal tokenizer usage: {built.usage}; summary: {built.summary!r}")
     hits = memory.query("ctx-test", text="Ada lives in Lisbon", k=3)
     assert any("Lisbon" in h["text"] for h in hits)  # the summarized originals are in long-term memory
