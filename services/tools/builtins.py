@@ -1,0 +1,168 @@
+"""Built-in tools: a safe calculator, a confined read-only file reader, and memory search.
+
+They run in the service process because they cannot run away: the calculator
+bounds every number it builds, the file reader reads at most a capped number of
+bytes from a regular file under a configured root, and memory search is one
+request with a timeout.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import os
+import stat
+from pathlib import Path
+from typing import Any, Callable
+
+from magnitude.client import Client, ServiceError
+from services.tools.errors import tool_failed
+from shared.config import Config
+from shared.protocol import ErrorCode
+
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "calculator": {
+        "type": "object",
+        "properties": {"expression": {"type": "string", "minLength": 1, "maxLength": 120,
+                                      "description": "arithmetic, e.g. (3 + 4) * 2 ** 3, sqrt(2)"}},
+        "required": ["expression"],
+        "additionalProperties": False,
+    },
+    "file_reader": {
+        "type": "object",
+        "properties": {"path": {"type": "string", "minLength": 1, "maxLength": 200,
+                                "description": "file path, relative to the first root or absolute under a root"}},
+        "required": ["path"],
+        "additionalProperties": False,
+    },
+    "memory_search": {
+        "type": "object",
+        "properties": {"query": {"type": "string", "minLength": 1, "maxLength": 200},
+                       "k": {"type": "integer", "minimum": 1, "maximum": 10}},
+        "required": ["query"],
+        "additionalProperties": False,
+    },
+}
+
+DESCRIPTIONS = {
+    "calculator": "Evaluate an arithmetic expression exactly.",
+    "file_reader": "Read a text file from the allowed folders.",
+    "memory_search": "Search long-term memory for notes related to a query.",
+}
+
+# --- calculator --------------------------------------------------------------------------------
+_MAX_EXPONENT = 1000
+_MAX_INT_BITS = 4096
+_BINARY: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
+    ast.BitXor: operator.pow,  # models write 2^10 for a power; nobody asks a calculator for xor
+}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_FUNCTIONS: dict[str, Callable[..., Any]] = {
+    "sqrt": math.sqrt, "abs": abs, "round": round, "min": min, "max": max, "floor": math.floor,
+    "ceil": math.ceil, "log": math.log, "log10": math.log10, "exp": math.exp, "sin": math.sin,
+    "cos": math.cos, "tan": math.tan,
+}
+_CONSTANTS = {"pi": math.pi, "e": math.e}
+
+
+def _bounded(value: Any) -> Any:
+    if isinstance(value, int) and value.bit_length() > _MAX_INT_BITS:
+        raise ValueError(f"result exceeds {_MAX_INT_BITS} bits")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("result is not finite")
+    if isinstance(value, complex):
+        raise ValueError("result is complex")
+    return value
+
+
+def _eval(node: ast.AST) -> Any:
+    if isinstance(node, ast.Expression):
+        return _eval(node.body)
+    if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+        return node.value
+    if isinstance(node, ast.Name) and node.id in _CONSTANTS:
+        return _CONSTANTS[node.id]
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_eval(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _eval(node.left), _eval(node.right)
+        if type(node.op) in (ast.Pow, ast.BitXor) and abs(right) > _MAX_EXPONENT:
+            raise ValueError(f"exponent above {_MAX_EXPONENT}")
+        return _bounded(_BINARY[type(node.op)](left, right))
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _FUNCTIONS
+            and not node.keywords and len(node.args) <= 4):
+        return _bounded(_FUNCTIONS[node.func.id](*(_eval(a) for a in node.args)))
+    raise ValueError(f"unsupported syntax ({type(node).__name__}); use numbers, + - * / // % ** "
+                     f"and {', '.join(_FUNCTIONS)}")
+
+
+def calculate(expression: str) -> str:
+    """Evaluate arithmetic without ``eval``: parse to an AST and walk only whitelisted nodes."""
+    try:
+        value = _eval(ast.parse(expression.strip(), mode="eval"))
+    except SyntaxError:
+        raise tool_failed("refused", f"not an arithmetic expression: {expression!r}")
+    except (ValueError, ArithmeticError, TypeError) as exc:
+        raise tool_failed("raised", f"{type(exc).__name__}: {exc}")
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        value = int(value)
+    return str(round(value, 10) if isinstance(value, float) else value)
+
+
+# --- file_reader -------------------------------------------------------------------------------
+def read_file(path_text: str, roots: list[Path], max_file_bytes: int) -> str:
+    """Read a regular file that really lies under a root: no ``..``, no symlink out, no devices, capped size."""
+    if not roots:
+        raise tool_failed("refused", "file_reader has no configured roots (agent.file_roots)")
+    path = Path(path_text)
+    if ".." in path.parts:
+        raise tool_failed("refused", f"path {path_text!r} contains '..'")
+    real_roots = [Path(os.path.realpath(r)) for r in roots]
+    candidate = path if path.is_absolute() else real_roots[0] / path
+    real = Path(os.path.realpath(candidate))
+    if not any(real == r or r in real.parents for r in real_roots):
+        raise tool_failed("refused", f"path {path_text!r} is outside the allowed roots")
+    try:
+        # O_NOFOLLOW: the path was resolved, so a symlink here means it changed under us;
+        # O_NONBLOCK: opening a FIFO must not hang.
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise tool_failed("refused", f"cannot open {path_text!r}: {exc.strerror}")
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise tool_failed("refused", f"{path_text!r} is not a regular file")
+        if st.st_size > max_file_bytes:
+            raise tool_failed("refused", f"{path_text!r} is {st.st_size} bytes; the limit is {max_file_bytes}")
+        data = f.read(max_file_bytes + 1)[:max_file_bytes]
+    return data.decode("utf-8", errors="replace")
+
+
+# --- memory_search -----------------------------------------------------------------------------
+def search_memory(config: Config, query: str, k: int = 3) -> str:
+    """Ask the retrieval service; its absence is a typed ``unavailable`` failure, not a crash."""
+    try:
+        with Client.for_service("retrieval", config, timeout_s=10.0) as client:
+            body = client.request("memory.query", {"collection": config.agent.memory_collection,
+                                                   "text": query, "k": k})
+    except ServiceError as err:
+        if err.code in (ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT):
+            raise tool_failed("unavailable", f"retrieval service unavailable ({err.message})")
+        raise tool_failed("raised", f"retrieval answered {err.code}: {err.message}")
+    hits = body.get("hits") or []
+    if not hits:
+        return "no memories found"
+    return "\n".join(f"- {h.get('text', '')} (score {h.get('score', 0):.2f})" for h in hits)
+
+
+def run_builtin(name: str, args: dict[str, Any], config: Config) -> str:
+    if name == "calculator":
+        return calculate(args["expression"])
+    if name == "file_reader":
+        return read_file(args["path"], config.agent.file_roots, config.agent.max_file_bytes)
+    if name == "memory_search":
+        return search_memory(config, args["query"], args.get("k", 3))
+    raise AssertionError(f"config validation lets only known builtins through, got {name!r}")

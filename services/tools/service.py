@@ -1,0 +1,109 @@
+"""The tool service: ``tool.list`` and ``tool.call`` over the configured tools (``agent.tools``).
+
+Arguments are validated against each tool's JSON schema before anything runs;
+built-ins run in-process, python/shell tools in ``sandbox.run``. Every failure
+is a typed ``tool_failed`` / ``bad_request`` / ``not_found`` reply and the
+service keeps serving; several calls run at once on the worker threads.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from services.tools import builtins, sandbox
+from services.tools.errors import tool_failed
+from shared import shm
+from shared.config import Config, SandboxLimits, ToolConfig
+from shared.protocol import ErrorCode, ProtocolError, Request
+from shared.service import Emitter, Service
+
+
+@dataclass
+class _Tool:
+    config: ToolConfig
+    description: str
+    schema: dict[str, Any]
+    validator: jsonschema.Draft202012Validator
+    limits: SandboxLimits
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.config.name, "kind": self.config.kind, "description": self.description,
+                "parameters": self.schema}
+
+
+def cap_text(text: str, cap: int) -> tuple[str, bool]:
+    """At most ``cap`` bytes of ``text``, with a note saying it was cut."""
+    data = text.encode()
+    if len(data) <= cap:
+        return text, False
+    kept = data[:cap].decode("utf-8", errors="ignore")
+    return f"{kept}\n[output truncated: {len(data)} bytes, kept the first {cap}]", True
+
+
+def shell_argv(template: str, args: dict[str, Any]) -> list[str]:
+    """The command's argv with each ``{name}`` filled in; no shell parses the values, so they cannot inject."""
+    try:
+        return [token.format_map(args) for token in shlex.split(template)]
+    except (KeyError, IndexError, ValueError) as exc:
+        raise tool_failed("refused", f"command template {template!r} cannot be filled: {exc!r}")
+
+
+class ToolService(Service):
+    name = "tools"
+    workers = 4
+
+    def __init__(self, config: Config, endpoint: str | None = None):
+        super().__init__(config, endpoint)
+        self.tools: dict[str, _Tool] = {}
+        for tc in config.agent.tools:
+            schema = tc.parameters or builtins.SCHEMAS[tc.name]
+            self.tools[tc.name] = _Tool(tc, tc.description or builtins.DESCRIPTIONS.get(tc.name, ""), schema,
+                                        jsonschema.Draft202012Validator(schema), config.agent.limits_for(tc))
+        self.handle("tool.list", self._list)
+        self.handle("tool.call", self._call)
+
+    def health_details(self) -> dict[str, Any]:
+        return {"tools": list(self.tools)}
+
+    def _list(self, req: Request, emit: Emitter) -> dict:
+        return {"tools": [t.describe() for t in self.tools.values()]}
+
+    def _call(self, req: Request, emit: Emitter) -> dict:
+        name, args = req.body["tool"], req.body["args"]
+        tool = self.tools.get(name)
+        if tool is None:
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no tool {name!r} (tools: {', '.join(self.tools)})")
+        error = jsonschema.exceptions.best_match(tool.validator.iter_errors(args))
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path) or "args"
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"{name} {where}: {error.message}")
+        started = time.monotonic()
+        try:
+            output, truncated = self._run(tool, args)
+        except ProtocolError as err:
+            self.log.warning("tool_failed", tool=name, session=req.session, error=err.message,
+                             ms=round((time.monotonic() - started) * 1000, 1))
+            raise
+        elapsed_ms = round((time.monotonic() - started) * 1000, 1)
+        self.log.info("tool_call", tool=name, session=req.session, ms=elapsed_ms, bytes=len(output),
+                      truncated=truncated)
+        reply: dict[str, Any] = {"tool": name, "truncated": truncated, "elapsed_ms": elapsed_ms}
+        encoded = output.encode()
+        if len(encoded) > shm.INLINE_LIMIT_BYTES:
+            reply["output_shm"] = shm.put_bytes(encoded, self.shm_pool)
+        else:
+            reply["output"] = output
+        return reply
+
+    def _run(self, tool: _Tool, args: dict[str, Any]) -> tuple[str, bool]:
+        tc = tool.config
+        if tc.kind == "builtin":
+            return cap_text(builtins.run_builtin(tc.name, args, self.config), tool.limits.max_output_bytes)
+        spec = {"python": tc.target} if tc.kind == "python" else {"argv": shell_argv(tc.target, args)}
+        outcome = sandbox.run(spec, args, tool.limits)
+        return outcome.output, outcome.truncated
