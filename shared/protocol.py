@@ -48,6 +48,7 @@ class ErrorCode:
     UNAUTHORIZED = "unauthorized"  # CURVE handshake refused (raised locally)
     NOT_FOUND = "not_found"  # a named thing (session, shm buffer, model) is unknown
     INTERNAL = "internal"  # the handler failed; the service keeps serving
+    TOOL_FAILED = "tool_failed"  # a tool timed out, crashed, ran out of memory or raised; message says which
 
 
 class ProtocolError(Exception):
@@ -152,6 +153,25 @@ MESSAGES: dict[str, MessageSpec] = {
         {"collection": Field(str, max_len=128)},
         doc="Document counts per collection, database size and path.",
     ),
+    # --- agents: the tool service and the optimizer's feedback intake -------------------
+    "tool.list": MessageSpec("tools", doc="The configured tools: name, kind, description, parameters (JSON schema)."),
+    "tool.call": MessageSpec(
+        "tools",
+        {"tool": Field(str, required=True, max_len=64), "args": Field(dict, required=True)},
+        doc="Run one tool on schema-validated args: 'output' (or 'output_shm' when long), 'truncated', "
+            "'elapsed_ms'. A tool that hangs, crashes, floods or raises answers tool_failed.",
+    ),
+    "feedback": MessageSpec(
+        "optimizer",
+        {
+            "session_id": Field(str, required=True, max_len=128),
+            "success": Field(bool, required=True),
+            "error_reason": Field(str, max_len=4096),
+            "details": Field(dict),
+        },
+        doc="Outcome of one agent run; acknowledged only once it is durable on disk.",
+    ),
+    "feedback.stats": MessageSpec("optimizer", doc="Feedback counts: total, succeeded, failed, top error reasons."),
 }
 
 
