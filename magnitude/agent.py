@@ -66,7 +66,8 @@ def _instructions(tools: list[dict], goal: str) -> str:
     lines += [f'- {FINAL_ANSWER}: Give the final answer to the task. Args: {{"answer": "string"}}',
               "", "Each step is one line 'Thought: ...' and one line 'Action: ' with a JSON object "
               '{"tool": ..., "args": {...}}. You then get an Observation. When you know the answer, '
-              f"use {FINAL_ANSWER}. Always use a tool for arithmetic.", "", "Example:",
+              f"use {FINAL_ANSWER}. Pick the tool whose description fits the task; "
+              "the calculator is only for arithmetic.", "", "Example:",
               "Task: What is 12 * 9?",
               "Thought: I must multiply 12 by 9 with the calculator.",
               'Action: {"tool": "calculator", "args": {"expression": "12 * 9"}}',

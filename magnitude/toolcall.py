@@ -27,21 +27,31 @@ FINAL_ANSWER_SCHEMA = {
 }
 #: Every free-text field gets a bound, so a constrained Action always closes within max_tokens.
 _DEFAULT_MAX_LENGTH = 200
+#: Bounded integer ranges up to this size become enums: the GBNF converter ignores minimum/maximum.
+_MAX_ENUM_RANGE = 1000
 
 
 class ActionError(ValueError):
     """The model's Action does not parse or validate; the message is fed back to it."""
 
 
-def _bound_strings(schema: Any) -> Any:
-    """A copy of ``schema`` whose strings without ``maxLength`` get one (a looping model must still stop)."""
+def _grammar_ready(schema: Any) -> Any:
+    """A copy of ``schema`` the grammar can enforce whole.
+
+    Strings without ``maxLength`` get one (a looping model must still stop), and
+    small bounded integer ranges become enums, since the converter drops
+    ``minimum``/``maximum``. Wider numeric bounds are left to the validator.
+    """
     if isinstance(schema, list):
-        return [_bound_strings(s) for s in schema]
+        return [_grammar_ready(s) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: _bound_strings(v) for k, v in schema.items()}
+    out = {k: _grammar_ready(v) for k, v in schema.items()}
     if out.get("type") == "string" and "enum" not in out and "const" not in out:
         out.setdefault("maxLength", _DEFAULT_MAX_LENGTH)
+    lo, hi = out.get("minimum"), out.get("maximum")
+    if out.get("type") == "integer" and isinstance(lo, int) and isinstance(hi, int) and 0 <= hi - lo < _MAX_ENUM_RANGE:
+        out = {k: v for k, v in out.items() if k not in ("type", "minimum", "maximum")} | {"enum": list(range(lo, hi + 1))}
     return out
 
 
@@ -49,7 +59,7 @@ def action_schema(tools: list[dict]) -> dict:
     """One JSON schema for any Action: an ``anyOf`` with one branch per tool plus ``final_answer``."""
     specs = [(t["name"], t["parameters"]) for t in tools] + [(FINAL_ANSWER, FINAL_ANSWER_SCHEMA)]
     return {"anyOf": [{"type": "object",
-                       "properties": {"tool": {"const": name}, "args": _bound_strings(params)},
+                       "properties": {"tool": {"const": name}, "args": _grammar_ready(params)},
                        "required": ["tool", "args"], "additionalProperties": False}
                       for name, params in specs]}
 
@@ -68,7 +78,7 @@ def action_grammar(tools: list[dict]) -> str:
 
 def _validators(tools: list[dict]) -> dict[str, jsonschema.Draft202012Validator]:
     specs = {t["name"]: t["parameters"] for t in tools} | {FINAL_ANSWER: FINAL_ANSWER_SCHEMA}
-    return {name: jsonschema.Draft202012Validator(_bound_strings(s)) for name, s in specs.items()}
+    return {name: jsonschema.Draft202012Validator(s) for name, s in specs.items()}
 
 
 class ActionParser:

@@ -131,13 +131,15 @@ def read_file(path_text: str, roots: list[Path], max_file_bytes: int) -> str:
         fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise tool_failed("refused", f"cannot open {path_text!r}: {exc.strerror}")
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
+    try:
+        st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise tool_failed("refused", f"{path_text!r} is not a regular file")
         if st.st_size > max_file_bytes:
             raise tool_failed("refused", f"{path_text!r} is {st.st_size} bytes; the limit is {max_file_bytes}")
-        data = f.read(max_file_bytes + 1)[:max_file_bytes]
+        data = os.read(fd, max_file_bytes)
+    finally:
+        os.close(fd)
     return data.decode("utf-8", errors="replace")
 
 

@@ -1,0 +1,81 @@
+"""``magnitude run "goal"`` (the agent loop), ``magnitude tools`` and ``magnitude feedback``."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from magnitude.agent import Agent, Trace, submit_feedback
+from magnitude.client import Client, ServiceError
+
+
+def _print_trace(trace: Trace) -> None:
+    for s in trace.steps:
+        print(f"[{s.index}] Thought: {s.thought}")
+        print(f"    Action: {json.dumps(s.action) if s.action else '(invalid)'}" + (" (retried)" if s.retried else ""))
+        if s.action and s.action["tool"] != "final_answer":
+            print(f"    Observation: {s.observation}")
+        elif s.error:
+            print(f"    Error: {s.error}")
+    print(f"stopped: {trace.stopped} after {len(trace.steps)} step(s) in {trace.elapsed_s}s "
+          f"(session {trace.session_id}, prefilled {trace.prompt_tokens}, reused {trace.cached_tokens} tokens)")
+    if trace.error:
+        print(f"error: {trace.error}")
+    if trace.answer is not None:
+        print(f"answer: {trace.answer}")
+
+
+def cmd_run(args, config) -> int:
+    agent = Agent(config, timeout_s=args.timeout)
+    try:
+        trace = agent.run(args.goal, session_id=args.session, max_iterations=args.max_iterations,
+                          grammar=False if args.no_grammar else None)
+    except ServiceError as err:
+        print(f"error: {err} (is the stack up? `magnitude up`)", file=sys.stderr)
+        return 1
+    finally:
+        agent.close()
+    if args.json:
+        print(json.dumps(trace.to_dict(), indent=2))
+    else:
+        _print_trace(trace)
+    return 0 if trace.stopped == "final_answer" else 1
+
+
+def cmd_tools(args, config) -> int:
+    try:
+        with Client.for_service("tools", config, timeout_s=10) as client:
+            tools = client.request("tool.list")["tools"]
+    except ServiceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for t in tools:
+        print(f"{t['name']:<16} {t['kind']:<8} {t['description']}  {json.dumps(t['parameters'])}")
+    return 0
+
+
+def cmd_feedback(args, config) -> int:
+    try:
+        ack = submit_feedback(args.session, not args.failed, args.reason, config=config)
+    except ServiceError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(json.dumps(ack))
+    return 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("run", help="run the agent loop on a goal and print its trace")
+    p.add_argument("goal")
+    p.add_argument("--max-iterations", type=int, help="default: agent.max_iterations")
+    p.add_argument("--session", help="session id for the run (default: a new one)")
+    p.add_argument("--no-grammar", action="store_true", help="unconstrained Actions (repair layer only)")
+    p.add_argument("--json", action="store_true", help="print the trace as JSON")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per service call")
+    p.set_defaults(fn=cmd_run)
+    sub.add_parser("tools", help="list the tools the tool service offers").set_defaults(fn=cmd_tools)
+    p = sub.add_parser("feedback", help="report a run's outcome to the optimizer")
+    p.add_argument("session")
+    p.add_argument("--failed", action="store_true", help="the run failed (default: it succeeded)")
+    p.add_argument("--reason", help="why it failed")
+    p.set_defaults(fn=cmd_feedback)
