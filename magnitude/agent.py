@@ -60,21 +60,35 @@ def _signature(schema: dict) -> str:
     return json.dumps({k: v.get("enum", v.get("type", "any")) for k, v in props.items()})
 
 
+#: Few-shot runs for the built-ins, shown when the tool is configured: (task, thought, args, observation, answer).
+_EXAMPLES = {
+    "calculator": ("What is 12 * 9?", "This is arithmetic, so I use calculator.", {"expression": "12 * 9"},
+                   "108", "108"),
+    "file_reader": ("What does the file plan.txt say?", "This is about a file, so I use file_reader.",
+                    {"path": "plan.txt"}, "Water the plants.", "It says: Water the plants."),
+    "memory_search": ("Where did I park the car?", "I must remember something, so I use memory_search.",
+                      {"query": "where I parked the car"}, "- parked on level 2 (score 0.81)", "On level 2."),
+}
+
+
+def _example(tool: str) -> list[str]:
+    task, thought, args, observation, answer = _EXAMPLES[tool]
+    return [f"Task: {task}", f"Thought: {thought}", f"Action: {json.dumps({'tool': tool, 'args': args})}",
+            f"Observation: {observation}", "Thought: Now I know the answer.",
+            f"Action: {json.dumps({'tool': FINAL_ANSWER, 'args': {'answer': answer}})}", ""]
+
+
 def _instructions(tools: list[dict], goal: str) -> str:
     lines = ["You solve tasks step by step using tools. Tools:"]
     lines += [f"- {t['name']}: {t['description']} Args: {_signature(t['parameters'])}" for t in tools]
     lines += [f'- {FINAL_ANSWER}: Give the final answer to the task. Args: {{"answer": "string"}}',
               "", "Each step is one line 'Thought: ...' and one line 'Action: ' with a JSON object "
               '{"tool": ..., "args": {...}}. You then get an Observation. When you know the answer, '
-              f"use {FINAL_ANSWER}. Pick the tool whose description fits the task; "
-              "the calculator is only for arithmetic.", "", "Example:",
-              "Task: What is 12 * 9?",
-              "Thought: I must multiply 12 by 9 with the calculator.",
-              'Action: {"tool": "calculator", "args": {"expression": "12 * 9"}}',
-              "Observation: 108",
-              "Thought: The calculator says 108.",
-              f'Action: {{"tool": "{FINAL_ANSWER}", "args": {{"answer": "108"}}}}',
-              "", f"Task: {goal}"]
+              f"use {FINAL_ANSWER}. Pick the tool whose description fits the task.", "", "Examples:"]
+    for t in tools:
+        if t["name"] in _EXAMPLES:
+            lines += _example(t["name"])
+    lines.append(f"Task: {goal}")
     return "\n".join(lines)
 
 
@@ -167,20 +181,32 @@ def _tool_output(body: dict) -> str:
     return body.get("output", "")
 
 
-class Agent:
-    """Blocking agent over the inference and tool services."""
+class _AgentBase:
+    client_cls: type = Client
 
     def __init__(self, config: Config | None = None, timeout_s: float = 300.0):
         self.config = config or load_config()
-        self.inference = Client.for_service("inference", self.config, timeout_s=timeout_s)
-        self.tools = Client.for_service("tools", self.config, timeout_s=timeout_s)
+        self.inference = self.client_cls.for_service("inference", self.config, timeout_s=timeout_s)
+        self.tools = self.client_cls.for_service("tools", self.config, timeout_s=timeout_s)
+
+    def _start(self, tools: list[dict], goal: str, session_id: str | None, max_iterations: int | None,
+               grammar: bool | None) -> tuple[Generator, str, tuple]:
+        session_id = session_id or f"agent-{uuid.uuid4().hex[:12]}"
+        gen = _Loop(self.config, tools, max_iterations, grammar).run(goal, session_id)
+        return gen, session_id, _advance(gen, None)
+
+    def close(self) -> None:
+        self.inference.close()
+        self.tools.close()
+
+
+class Agent(_AgentBase):
+    """Blocking agent over the inference and tool services."""
 
     def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None,
             grammar: bool | None = None) -> Trace:
-        loop = _Loop(self.config, self.tools.request("tool.list")["tools"], max_iterations, grammar)
-        session_id = session_id or f"agent-{uuid.uuid4().hex[:12]}"
-        gen = loop.run(goal, session_id)
-        op = _advance(gen, None)
+        tools = self.tools.request("tool.list")["tools"]
+        gen, session_id, op = self._start(tools, goal, session_id, max_iterations, grammar)
         while op[0] != "done":
             try:
                 if op[0] == "generate":
@@ -192,25 +218,16 @@ class Agent:
             op = _advance(gen, value)
         return op[1]
 
-    def close(self) -> None:
-        self.inference.close()
-        self.tools.close()
 
-
-class AsyncAgent:
+class AsyncAgent(_AgentBase):
     """asyncio agent for robot software: same as ``Agent``, awaitable."""
 
-    def __init__(self, config: Config | None = None, timeout_s: float = 300.0):
-        self.config = config or load_config()
-        self.inference = AsyncClient.for_service("inference", self.config, timeout_s=timeout_s)
-        self.tools = AsyncClient.for_service("tools", self.config, timeout_s=timeout_s)
+    client_cls = AsyncClient
 
     async def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None,
                   grammar: bool | None = None) -> Trace:
-        loop = _Loop(self.config, (await self.tools.request("tool.list"))["tools"], max_iterations, grammar)
-        session_id = session_id or f"agent-{uuid.uuid4().hex[:12]}"
-        gen = loop.run(goal, session_id)
-        op = _advance(gen, None)
+        tools = (await self.tools.request("tool.list"))["tools"]
+        gen, session_id, op = self._start(tools, goal, session_id, max_iterations, grammar)
         while op[0] != "done":
             try:
                 if op[0] == "generate":
@@ -222,10 +239,6 @@ class AsyncAgent:
                 value = err
             op = _advance(gen, value)
         return op[1]
-
-    def close(self) -> None:
-        self.inference.close()
-        self.tools.close()
 
 
 def submit_feedback(session_id: str, success: bool, error_reason: str | None = None,
