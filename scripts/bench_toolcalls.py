@@ -64,6 +64,11 @@ TASKS = [
 ]
 
 
+#: The tool each task calls for, in TASKS order (8 calculator tasks, then 4 per other tool).
+EXPECTED = ["calculator"] * 8 + [t for t in ("file_reader", "memory_search", "move_to", "set_timer", "convert_units",
+                                             "send_message") for _ in range(4)]
+
+
 def start_stack(home: Path):
     config = parse_config({
         "engine": {"n_ctx": 2048, "session_slots": 2},
@@ -91,7 +96,7 @@ def main() -> int:
         rows = []
         try:
             for i, task in enumerate(TASKS):
-                row = {"task": task}
+                row = {"task": task, "expected": EXPECTED[i]}
                 for mode, grammar in (("on", True), ("off", False)):
                     # One session per mode: the shared instructions stay cached from task to task.
                     trace = agent.run(task, session_id=f"bench-{mode}", max_iterations=1, grammar=grammar)
@@ -114,11 +119,13 @@ def main() -> int:
         return f"{100 * sum(r[mode][key] for r in rows) / n:5.1f}%"
 
     tools_used = {r["on"]["action"]["tool"] for r in rows if r["on"]["action"]}
+    right = sum(bool(r["on"]["action"]) and r["on"]["action"]["tool"] == want for r, want in zip(rows, EXPECTED))
     print(f"\nTool-call validity over {n} tasks ({len(tools_used)} distinct actions chosen under grammar), "
           "Gemma 3 270M Q4_K_M, temperature 0")
     print(f"{'':28}{'grammar on':>12}{'grammar off':>13}")
     print(f"{'valid on first try':28}{pct('on', 'valid_first'):>12}{pct('off', 'valid_first'):>13}")
     print(f"{'valid after one repair':28}{'-':>12}{pct('off', 'valid_repaired'):>13}")
+    print(f"{'intended tool chosen':28}{f'{100 * right / n:5.1f}%':>12}{'-':>13}")
     if args.json:
         print(json.dumps(rows, indent=1))
     return 0 if all(r["on"]["valid_first"] for r in rows) else 1
