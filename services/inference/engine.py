@@ -21,6 +21,7 @@ from llama_cpp import _internals
 
 from shared.config import EngineConfig
 from shared.protocol import ErrorCode, ProtocolError
+from services.inference.sampling import TokenSampler
 from services.inference.sessions import SessionTable
 from services.inference.text_stream import TextStream
 
@@ -146,25 +147,6 @@ class Engine:
             if rc != 0:
                 raise ProtocolError(ErrorCode.INTERNAL, f"llama_decode failed (rc={rc}; KV cache full?)")
 
-    def _sampler(self, p: GenerateParams) -> _internals.LlamaSampler:
-        sampler = _internals.LlamaSampler()
-        if p.grammar:
-            # Called directly: llama.cpp returns NULL for a grammar it cannot parse, and
-            # adding NULL to a chain would crash the process.
-            grammar = llama_cpp.llama_sampler_init_grammar(self.model.vocab, p.grammar.encode(), b"root")
-            if not grammar:
-                sampler.close()
-                raise ProtocolError(ErrorCode.BAD_REQUEST, "grammar does not parse (GBNF with a 'root' rule)")
-            llama_cpp.llama_sampler_chain_add(sampler.sampler, grammar)
-        if p.temperature <= 0:
-            sampler.add_greedy()
-        else:
-            sampler.add_top_k(p.top_k)
-            sampler.add_top_p(p.top_p, 1)
-            sampler.add_temp(p.temperature)
-            sampler.add_dist(p.seed)
-        return sampler
-
     # --- the request path ------------------------------------------------------------------
     def generate(self, prompt: str, session: str | None, params: GenerateParams,
                  on_text: Callable[[str], None] | None = None) -> dict:
@@ -174,47 +156,50 @@ class Engine:
         if len(tokens) >= n_ctx:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"prompt is {len(tokens)} tokens; n_ctx is {n_ctx}")
         max_tokens = min(params.max_tokens, n_ctx - len(tokens))
-        sampler = self._sampler(params)
-        got = self.sessions.acquire(session)
-        slot = got.slot
-        # Keep the shared prefix; at least the last prompt token is evaluated to get fresh logits.
-        n_keep = min(common_prefix_len(slot.tokens, tokens), len(tokens) - 1)
-        llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.seq_id, n_keep, -1)
-        slot.tokens = tokens[:n_keep]
-        new = tokens[n_keep:]
-        t_prefill = time.perf_counter()
-        self._decode(new, n_keep, slot.seq_id)
-        slot.tokens.extend(new)
-        prefill_s = time.perf_counter() - t_prefill
+        sampler = TokenSampler(self.model, self.ctx, temperature=params.temperature, top_k=params.top_k,
+                               top_p=params.top_p, seed=params.seed, grammar=params.grammar)
+        try:
+            got = self.sessions.acquire(session)
+            slot = got.slot
+            # Keep the shared prefix; at least the last prompt token is evaluated to get fresh logits.
+            n_keep = min(common_prefix_len(slot.tokens, tokens), len(tokens) - 1)
+            llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.seq_id, n_keep, -1)
+            slot.tokens = tokens[:n_keep]
+            new = tokens[n_keep:]
+            t_prefill = time.perf_counter()
+            self._decode(new, n_keep, slot.seq_id)
+            slot.tokens.extend(new)
+            prefill_s = time.perf_counter() - t_prefill
 
-        stream = TextStream(params.stop)
-        generated = 0
-        ttft = None
-        stop_reason = "length"
-        t_decode = time.perf_counter()
-        while generated < max_tokens:
-            tok = llama_cpp.llama_sampler_sample(sampler.sampler, self.ctx.ctx, -1)
-            if ttft is None:
-                ttft = time.perf_counter() - t_start
-            if llama_cpp.llama_vocab_is_eog(self.model.vocab, tok):
-                stop_reason = "eos"
-                break
-            generated += 1
-            piece = stream.feed(self.token_bytes(tok))
-            if piece and on_text:
-                on_text(piece)
-            if stream.stopped:
-                stop_reason = "stop"
-                break
-            if generated < max_tokens:
-                self._decode([tok], len(slot.tokens), slot.seq_id)
-                slot.tokens.append(tok)
-        tail = stream.finish()
-        if tail and on_text:
-            on_text(tail)
-        decode_s = time.perf_counter() - t_decode
-        total_s = time.perf_counter() - t_start
-        sampler.close()
+            stream = TextStream(params.stop)
+            generated = 0
+            ttft = None
+            stop_reason = "length"
+            t_decode = time.perf_counter()
+            while generated < max_tokens:
+                tok = sampler.sample()
+                if ttft is None:
+                    ttft = time.perf_counter() - t_start
+                if llama_cpp.llama_vocab_is_eog(self.model.vocab, tok):
+                    stop_reason = "eos"
+                    break
+                generated += 1
+                piece = stream.feed(self.token_bytes(tok))
+                if piece and on_text:
+                    on_text(piece)
+                if stream.stopped:
+                    stop_reason = "stop"
+                    break
+                if generated < max_tokens:
+                    self._decode([tok], len(slot.tokens), slot.seq_id)
+                    slot.tokens.append(tok)
+            tail = stream.finish()
+            if tail and on_text:
+                on_text(tail)
+            decode_s = time.perf_counter() - t_decode
+            total_s = time.perf_counter() - t_start
+        finally:
+            sampler.close()
         return {
             "text": stream.text,
             "stop_reason": stop_reason,
