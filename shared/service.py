@@ -9,12 +9,18 @@ and a bad frame costs one error reply, never the process.
 
 SIGTERM/SIGINT stop intake (new requests get ``shutting_down``), let queued and
 running requests finish, then exit.
+
+Request ids are retry-safe: a request whose (session, id) is already running is
+not run again (the retry gets the same final reply), and the last successful
+replies are kept, so a client that lost a reply and retries gets it back
+without a second execution. This memory does not survive a restart.
 """
 
 from __future__ import annotations
 
 import os
 import queue
+from collections import OrderedDict
 import signal
 import threading
 import time
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import msgpack
 import psutil
 import zmq
 
@@ -42,6 +49,8 @@ from shared.protocol import (
 
 _REPLY_INPROC = "inproc://replies"
 _DRAIN_TIMEOUT_S = 60.0
+_REMEMBERED_BYTES = 16 << 20  # budget for remembered ok replies
+_REMEMBER_MAX_REPLY = 64 << 10  # bigger replies are not kept (a retry runs again)
 
 
 class Emitter:
@@ -82,6 +91,11 @@ class Service:
         self._stopping = threading.Event()
         self._started = time.monotonic()
         self._requests = 0
+        self._deduplicated = 0
+        # (session, id) -> routing headers of retries waiting for the same running request
+        self._inflight: dict[tuple, list[list[bytes]]] = {}
+        self._done: OrderedDict[tuple, bytes] = OrderedDict()  # (session, id) -> final ok reply frame
+        self._done_bytes = 0
         self._errors = 0
         self._ctx = zmq.Context.instance()
         self._curve: CurveServer | None = None
@@ -113,6 +127,7 @@ class Service:
             "running": self._running_jobs,
             "requests": self._requests,
             "errors": self._errors,
+            "deduplicated": self._deduplicated,
             "stopping": self._stopping.is_set(),
             **self.health_details(),
         }
@@ -164,14 +179,14 @@ class Service:
                 if sock is frontend:
                     self._on_frame(frontend, frontend.recv_multipart(copy=True))
                 else:
-                    frontend.send_multipart(replies.recv_multipart())
+                    self._forward(frontend, replies.recv_multipart())
             if time.monotonic() - last_reap > 5:
                 self.shm_pool.reap()
                 last_reap = time.monotonic()
         for w in workers:  # they exit once stopping and idle; their sockets flush on close
             w.join(timeout=5)
         while replies.poll(100):  # forward what the workers sent last
-            frontend.send_multipart(replies.recv_multipart())
+            self._forward(frontend, replies.recv_multipart())
         self.log.info("service_stopping", drained=self._jobs.empty(), requests=self._requests)
         self.shm_pool.close()
         self.close()
@@ -203,12 +218,41 @@ class Service:
             frontend.send_multipart(header + [encode_error(req.id, ErrorCode.SHUTTING_DOWN,
                                                            f"{self.name} is shutting down")])
             return
+        key = (req.session, req.id)
+        if key in self._done:
+            self._deduplicated += 1
+            frontend.send_multipart(header + [self._done[key]])
+            return
+        if key in self._inflight:
+            self._deduplicated += 1
+            self._inflight[key].append(header)
+            return
         try:
             self._jobs.put_nowait(_Job(header, req, time.monotonic()))
+            self._inflight[key] = []
         except queue.Full:
             self._errors += 1
             frontend.send_multipart(header + [encode_error(
                 req.id, ErrorCode.BUSY, f"{self.name} queue is full ({self._jobs.maxsize}); retry later")])
+
+    def _forward(self, frontend: zmq.Socket, frames: list[bytes]) -> None:
+        """Send a worker's reply to its client; a final one also to waiting retries, and remember an ok.
+
+        Workers prefix each reply with a frame ``[session, id, kind]`` for this bookkeeping.
+        """
+        session, request_id, kind = msgpack.unpackb(frames[0])
+        payload = frames[-1]
+        frontend.send_multipart(frames[1:])
+        if kind == "event":
+            return
+        key = (session, request_id)
+        for header in self._inflight.pop(key, []):
+            frontend.send_multipart(header + [payload])
+        if kind == "ok" and len(payload) <= _REMEMBER_MAX_REPLY and key not in self._done:
+            self._done[key] = payload
+            self._done_bytes += len(payload)
+            while self._done_bytes > _REMEMBERED_BYTES:
+                self._done_bytes -= len(self._done.popitem(last=False)[1])
 
     def _work(self) -> None:
         out = self._ctx.socket(zmq.PUSH)
@@ -232,17 +276,19 @@ class Service:
     def _run_job(self, job: _Job, out: zmq.Socket) -> None:
         req = job.request
 
+        def send_frame(kind: str, payload: bytes) -> None:
+            out.send_multipart([msgpack.packb([req.session, req.id, kind])] + job.header + [payload])
+
         def send(kind: str, body: dict) -> None:
-            out.send_multipart(job.header + [encode_reply(req.id, kind, body)])
+            send_frame(kind, encode_reply(req.id, kind, body))
 
         try:
             result = self._handlers[req.type](req, Emitter(send))
             send("ok", result)
         except ProtocolError as err:
             self._errors += 1
-            out.send_multipart(job.header + [encode_error(req.id, err.code, err.message)])
+            send_frame("error", encode_error(req.id, err.code, err.message))
         except Exception as exc:  # a handler bug must cost one request, not the service
             self._errors += 1
             self.log.exception("handler_failed", type=req.type, request_id=req.id)
-            out.send_multipart(job.header + [encode_error(req.id, ErrorCode.INTERNAL,
-                                                          f"{type(exc).__name__}: {exc}")])
+            send_frame("error", encode_error(req.id, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))

@@ -62,3 +62,20 @@ def test_busy_when_queue_is_full(inference_service):
         assert codes and set(codes) == {"busy"}
         assert sum(r.kind == "ok" for r in finals.values()) >= 4
         assert c.health()["ok"]
+
+
+def test_retry_with_same_id_runs_once(inference_service):
+    """A retry of a running request joins it; a retry after completion gets the remembered reply."""
+    body = {"prompt": "Describe a robot vacuum.", "max_tokens": 24, "temperature": 0}
+    frame = encode_request("generate", body, session="retry-s", request_id="retry-once-1")
+    with Client(inference_service.endpoint, timeout_s=120) as first, \
+            Client(inference_service.endpoint, timeout_s=120) as retry:
+        before = first.health()["deduplicated"]
+        first.send_raw(frame)
+        retry.send_raw(frame)  # another socket, as after a client-side timeout and reconnect
+        a, b = first.recv_reply("retry-once-1"), retry.recv_reply("retry-once-1")
+        assert a.kind == b.kind == "ok" and a.body == b.body
+        retry.send_raw(frame)
+        c = retry.recv_reply("retry-once-1")
+        assert c.body == a.body  # identical timings too: not generated again
+        assert first.health()["deduplicated"] == before + 2
