@@ -19,11 +19,15 @@ from shared.config import DEFAULT_MODEL_FILE, Config, magnitude_home, parse_conf
 
 #: Inputs tried per fuzz target, printed in the test summary.
 FUZZ_COUNTS: dict[str, int] = {}
+#: Measured figures tests want in the CI log (recall, similarities, ...), printed in the summary.
+REPORT: list[str] = []
 
 
 def pytest_terminal_summary(terminalreporter):
     if FUZZ_COUNTS:
         terminalreporter.write_line("fuzz inputs tried: " + ", ".join(f"{k}={v}" for k, v in FUZZ_COUNTS.items()))
+    for line in REPORT:
+        terminalreporter.write_line(line)
 
 
 # The model lives in the user's MAGNITUDE_HOME (assembled by scripts/setup); everything else per run.

@@ -13,7 +13,7 @@ from magnitude.client import Client, ServiceError
 from magnitude.memory import MemoryClient, embed
 from services.retrieval.store import MemoryStore
 from shared import shm
-from tests.conftest import ServiceProcess, make_config, write_config
+from tests.conftest import REPORT, ServiceProcess, make_config, write_config
 from tests.data.memory_corpus import DOCS, QUESTIONS
 
 pytestmark = pytest.mark.model
@@ -38,7 +38,7 @@ def test_related_sentences_are_closer(embedder):
     assert v.dtype == np.float32 and v.shape == (4, 384)
     assert np.allclose(np.linalg.norm(v, axis=1), 1, atol=1e-4)
     sim = v @ v.T
-    print(f"\ncosine related={sim[0, 1]:.3f} unrelated={sim[0, 2]:.3f},{sim[0, 3]:.3f},{sim[1, 2]:.3f}")
+    REPORT.append(f"cosine related={sim[0, 1]:.3f} unrelated={sim[0, 2]:.3f},{sim[0, 3]:.3f},{sim[1, 2]:.3f}")
     assert sim[0, 1] > 0.5 > max(sim[0, 2], sim[0, 3], sim[1, 2])
 
 
@@ -61,7 +61,7 @@ def test_recall_at_3_on_paraphrased_questions(memory):
     for hybrid in (False, True):
         hits = sum(any(h["id"] == want for h in memory.query("corpus", text=q, k=3, hybrid=hybrid))
                    for q, want in QUESTIONS)
-        print(f"\nrecall@3 ({'hybrid' if hybrid else 'vector'}) = {hits}/{len(QUESTIONS)} = {hits / len(QUESTIONS):.2f}")
+        REPORT.append(f"recall@3 ({'hybrid' if hybrid else 'vector'}) = {hits}/{len(QUESTIONS)} = {hits / len(QUESTIONS):.2f}")
         assert hits / len(QUESTIONS) >= 0.9
     top = memory.query("corpus", text="Where are the extra keys for the house?", k=1,
                        filter={"topic": "keys_location"})
@@ -148,7 +148,7 @@ def test_kill_9_mid_ingest_loses_nothing_acknowledged(memory_services, tmp_path_
             hits = c.request("memory.query", {"collection": "dur", "text": f"durable document {acked[-1][1:]}",
                                               "k": 3, "hybrid": True})["hits"]
             assert acked[-1] in [h["id"] for h in hits]
-        print(f"\nkill -9 after {len(acked)} acknowledged upserts: all present after restart")
+        REPORT.append(f"kill -9 after {len(acked)} acknowledged upserts: all present after restart")
     finally:
         svc.stop()
 
