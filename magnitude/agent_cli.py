@@ -9,7 +9,7 @@ from magnitude.agent import Agent, Trace, submit_feedback
 from magnitude.client import Client, ServiceError
 
 
-def _print_trace(trace: Trace) -> None:
+def print_trace(trace: Trace) -> None:
     for s in trace.steps:
         print(f"[{s.index}] Thought: {s.thought}")
         print(f"    Action: {json.dumps(s.action) if s.action else '(invalid)'}" + (" (retried)" if s.retried else ""))
@@ -38,7 +38,7 @@ def cmd_run(args, config) -> int:
     if args.json:
         print(json.dumps(trace.to_dict(), indent=2))
     else:
-        _print_trace(trace)
+        print_trace(trace)
     return 0 if trace.stopped == "final_answer" else 1
 
 

@@ -70,27 +70,35 @@ def cmd_generate(args, config) -> int:
 
 
 def cmd_demo(args, config) -> int:
-    """Start the stack, run two agent steps of one session against the real model, report the reuse."""
+    """Start the stack; stream two steps of one session (the second reuses the first's KV);
+    then run one agent task that needs the calculator tool, and print its trace."""
+    from magnitude.agent import Agent
+
     started_here = any(launcher.read_pid(config, n) is None for n in SERVICE_NAMES)
     if _print_health(launcher.up(config, args.config), False) != 0:
         return 1
     client = Client.for_service("inference", config, timeout_s=120)
     session = f"demo-{int(time.time())}"
-    system = ("You are the planner of a home robot. Answer in one or two short sentences. "
-              "Tools: move_to(room), pick(object), say(text).")
-    turns = [("user", f"{system}\n\nTask: the user wants a glass of water from the kitchen. What is your first step?")]
+    # The bundled 270M model continues documents well, so the session is a growing robot log.
+    log = "Household robot log.\n08:00 Charged the battery to 100%.\n08:15 Vacuumed the living room.\n08:30"
+    agent = Agent(config, timeout_s=120)
     try:
-        for step in (1, 2):
-            print(f"\n--- step {step} (session {session}) ---")
-            result = _stream_to_stdout(client, gemma_prompt(turns), session, max_tokens=48, temperature=0)
+        for step, (stop, next_entry) in enumerate((("\n09", "\n09:00 The family asked for breakfast.\n09:05"),
+                                                   ("\n10", "")), start=1):
+            print(f"\n--- session step {step} (session {session}) ---\n{log}", end="")
+            result = _stream_to_stdout(client, log, session, max_tokens=40, temperature=0, stop=[stop])
             s = result.stats
             print(f"[prompt={s['prompt_tokens']} cached={s['cached_tokens']} prefill={s['prefill_tokens']} "
                   f"ttft={s['ttft_s']}s decode={s['decode_tps']} tok/s]")
-            turns += [("model", result.text), ("user", "Done. What is the next step?")]
+            log += result.text + next_entry
+        print("\n--- agent task: magnitude run 'What is 23 * 47?' ---")
+        agent_cli.print_trace(agent.run("What is 23 * 47?"))
     except ServiceError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     finally:
+        agent.close()
+        client.close()
         if started_here and not args.keep:
             cmd_down(args, config)
     return 0
@@ -128,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stop", action="append", help="stop sequence (repeatable)")
     p.add_argument("--timeout", type=float, default=120.0)
     p.set_defaults(fn=cmd_generate)
-    p = sub.add_parser("demo", help="start the stack and run a two-step agent session on the real model")
+    p = sub.add_parser("demo", help="start the stack, stream a two-step session and run an agent task on the real model")
     p.add_argument("--keep", action="store_true", help="leave the services running afterwards")
     p.set_defaults(fn=cmd_demo)
     sub.add_parser("config", help="print the effective configuration (validates the file)").set_defaults(fn=cmd_config)
