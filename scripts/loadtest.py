@@ -3,7 +3,8 @@
 
 Load: for each N in --clients (default 1 4 16 64), N concurrent clients, each on
 its own socket, send a bounded number of short generate requests; every request
-must end in a final reply. The table shows throughput, p50/p99 latency of the
+must end in a final reply. The service batches up to --slots generations per
+decode step (--slots 1 shows the unbatched service). The table shows throughput, p50/p99 latency of the
 answered ones, and errors by code: with a bounded queue, overload shows up as
 ``busy`` replies (back-pressure), never as lost requests.
 
@@ -153,6 +154,8 @@ def main() -> int:
     parser.add_argument("--requests", type=int, default=32, help="requests per level, spread over its clients")
     parser.add_argument("--max-tokens", type=int, default=8)
     parser.add_argument("--queue-size", type=int, default=32, help="queue of the service this script starts")
+    parser.add_argument("--slots", type=int, default=4,
+                        help="session slots of the service this script starts = generations batched per step")
     parser.add_argument("--soak", type=float, metavar="SECONDS", help="soak instead of the load table")
     parser.add_argument("--sample", type=float, default=10.0, help="soak: seconds between RSS samples")
     parser.add_argument("--running", action="store_true", help="use the running stack ($MAGNITUDE_CONFIG)")
@@ -163,14 +166,16 @@ def main() -> int:
         return soak(config, args.soak, args.max_tokens, args.sample) if args.soak else \
             load(config, args.clients, args.requests, args.max_tokens)
     with tempfile.TemporaryDirectory(prefix="magl", dir="/tmp") as tmp:
-        config = parse_config({"runtime": {"runtime_dir": f"{tmp}/run", "queue_size": args.queue_size}})
+        config = parse_config({"engine": {"session_slots": args.slots},
+                               "runtime": {"runtime_dir": f"{tmp}/run", "queue_size": args.queue_size}})
         path = Path(tmp) / "load.yaml"
         path.write_text(dump_config(config))
         status = launcher.start(config, "inference", str(path), progress=lambda m: print(m, file=sys.stderr))
         if not status.healthy:
             sys.exit(f"inference did not start: {status.error}")
         try:
-            print(f"inference service, queue_size={args.queue_size}, max_tokens={args.max_tokens}\n")
+            print(f"inference service, slots={args.slots}, queue_size={args.queue_size}, "
+                  f"max_tokens={args.max_tokens}\n")
             code = soak(config, args.soak, args.max_tokens, args.sample) if args.soak else \
                 load(config, args.clients, args.requests, args.max_tokens)
         finally:

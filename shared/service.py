@@ -67,7 +67,7 @@ Handler = Callable[[Request, Emitter], dict]
 
 
 @dataclass
-class _Job:
+class Job:
     header: list[bytes]  # ROUTER routing frames, sent back unchanged
     request: Request
     received_at: float
@@ -78,6 +78,8 @@ class Service:
 
     name = "service"
     workers = 1
+    #: Message types a subclass's own ``work_loop`` schedules instead of a registered handler.
+    scheduled: frozenset[str] = frozenset()
 
     def __init__(self, config: Config, endpoint: str | None = None):
         self.config = config
@@ -85,7 +87,7 @@ class Service:
         self.log = configure_logging(self.name, config.runtime.log_level)
         self.shm_pool = shm.ShmPool()
         self._handlers: dict[str, Handler] = {}
-        self._jobs: queue.Queue[_Job] = queue.Queue(maxsize=config.runtime.queue_size)
+        self._jobs: queue.Queue[Job] = queue.Queue(maxsize=config.runtime.queue_size)
         self._running_jobs = 0
         self._running_lock = threading.Lock()
         self._stopping = threading.Event()
@@ -205,7 +207,7 @@ class Service:
         self._requests += 1
         try:
             req = decode_request(payload, max_frame_bytes=self.config.runtime.max_frame_bytes,
-                                 handled=set(self._handlers) | {"health"})
+                                 handled=set(self._handlers) | self.scheduled | {"health"})
         except ProtocolError as err:
             self._errors += 1
             self.log.warning("bad_request", code=err.code, error=err.message)
@@ -228,7 +230,7 @@ class Service:
             self._inflight[key].append(header)
             return
         try:
-            self._jobs.put_nowait(_Job(header, req, time.monotonic()))
+            self._jobs.put_nowait(Job(header, req, time.monotonic()))
             self._inflight[key] = []
         except queue.Full:
             self._errors += 1
@@ -257,38 +259,65 @@ class Service:
     def _work(self) -> None:
         out = self._ctx.socket(zmq.PUSH)
         out.connect(_REPLY_INPROC)
+        self.work_loop(out)
+        out.close(linger=1000)
+
+    def next_job(self, timeout_s: float | None) -> Job | None:
+        """The next queued request (waiting up to ``timeout_s``; None = don't wait), or None."""
+        try:
+            return self._jobs.get(timeout=timeout_s) if timeout_s else self._jobs.get_nowait()
+        except queue.Empty:
+            return None
+
+    def idle_and_stopping(self) -> bool:
+        return self._stopping.is_set() and self._jobs.empty()
+
+    def set_running(self, n: int) -> None:
+        with self._running_lock:
+            self._running_jobs = n
+
+    def work_loop(self, out: zmq.Socket) -> None:
+        """One request at a time; a service that batches overrides this."""
         while True:
-            try:
-                job = self._jobs.get(timeout=0.2)
-            except queue.Empty:
-                if self._stopping.is_set() and self._jobs.empty():
-                    break
+            job = self.next_job(0.2)
+            if job is None:
+                if self.idle_and_stopping():
+                    return
                 continue
             with self._running_lock:
                 self._running_jobs += 1
             try:
-                self._run_job(job, out)
+                self.run_job(job, out)
             finally:
                 with self._running_lock:
                     self._running_jobs -= 1
-        out.close(linger=1000)
 
-    def _run_job(self, job: _Job, out: zmq.Socket) -> None:
+    def replier(self, job: Job, out: zmq.Socket) -> Callable[[str, dict], None]:
+        """``send(kind, body)`` for one job: ``event``/``ok`` frames back to its client."""
         req = job.request
 
-        def send_frame(kind: str, payload: bytes) -> None:
-            out.send_multipart([msgpack.packb([req.session, req.id, kind])] + job.header + [payload])
-
         def send(kind: str, body: dict) -> None:
-            send_frame(kind, encode_reply(req.id, kind, body))
+            self.send_frame(job, out, kind, encode_reply(req.id, kind, body))
+        return send
 
+    @staticmethod
+    def send_frame(job: Job, out: zmq.Socket, kind: str, payload: bytes) -> None:
+        out.send_multipart([msgpack.packb([job.request.session, job.request.id, kind])] + job.header + [payload])
+
+    def fail(self, job: Job, out: zmq.Socket, exc: Exception) -> None:
+        """The typed error reply for a failed job; unexpected exceptions are logged as handler bugs."""
+        self._errors += 1
+        if isinstance(exc, ProtocolError):
+            code, message = exc.code, exc.message
+        else:
+            self.log.error("handler_failed", type=job.request.type, request_id=job.request.id,
+                           exc_info=(type(exc), exc, exc.__traceback__))
+            code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+        self.send_frame(job, out, "error", encode_error(job.request.id, code, message))
+
+    def run_job(self, job: Job, out: zmq.Socket) -> None:
+        send = self.replier(job, out)
         try:
-            result = self._handlers[req.type](req, Emitter(send))
-            send("ok", result)
-        except ProtocolError as err:
-            self._errors += 1
-            send_frame("error", encode_error(req.id, err.code, err.message))
+            send("ok", self._handlers[job.request.type](job.request, Emitter(send)))
         except Exception as exc:  # a handler bug must cost one request, not the service
-            self._errors += 1
-            self.log.exception("handler_failed", type=req.type, request_id=req.id)
-            send_frame("error", encode_error(req.id, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
+            self.fail(job, out, exc)

@@ -114,3 +114,23 @@ def test_async_client_streams(inference_service):
     pieces, health = asyncio.run(run())
     assert isinstance(pieces[-1], GenerateResult) and "".join(pieces[:-1]) == pieces[-1].text
     assert health["ok"] and health["model"]
+
+
+def test_concurrent_sessions_are_batched_and_match_sequential_output(inference_service, client):
+    import threading
+    prompts = {f"batch-{i}": gemma_prompt([("user", f"Write a sentence about {topic}.")])
+               for i, topic in enumerate(("rivers", "robots"))}
+    sequential = {s: client.generate(p, None, max_tokens=24, temperature=0).text for s, p in prompts.items()}
+    results = {}
+
+    def run(session, prompt):
+        with Client(inference_service.endpoint, timeout_s=120) as c:
+            results[session] = c.generate(prompt, session, max_tokens=24, temperature=0).text
+
+    threads = [threading.Thread(target=run, args=item) for item in prompts.items()]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert client.health()["max_batch_seen"] >= 2  # both decoded in the same steps
+    assert results == sequential

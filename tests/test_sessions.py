@@ -1,4 +1,7 @@
+import pytest
+
 from services.inference.sessions import SessionTable
+from shared.protocol import ProtocolError
 
 
 class FakeKv:
@@ -25,6 +28,7 @@ def use(table, kv, session, tokens):
     got = table.acquire(session)
     got.slot.tokens = list(tokens)
     kv.seqs[got.slot.seq_id] = list(tokens)
+    table.release(got.slot)
     return got
 
 
@@ -34,6 +38,7 @@ def test_same_session_stays_resident():
     assert use(t, kv, "a", [1, 2]).source == "cold"
     got = t.acquire("a")
     assert got.source == "resident" and got.slot.tokens == [1, 2]
+    t.release(got.slot)
 
 
 def test_lru_session_is_parked_and_restored():
@@ -74,3 +79,17 @@ def test_drop_forgets_everywhere():
     use(t, kv, "b", [2])
     assert t.drop("a") and t.drop("b") and not t.drop("a")
     assert t.describe(None)["resident"] == 0 and t.describe(None)["parked"] == 0
+
+
+def test_busy_slots_are_never_taken_or_parked():
+    kv = FakeKv()
+    t = SessionTable(2, 1 << 20, kv)
+    a = t.acquire("a")  # generating
+    use(t, kv, "b", [4])
+    assert not t.can_admit("a")  # a's own slot is busy: a second request of a must wait
+    use(t, kv, "c", [5])  # evicts idle b, never busy a
+    assert a.slot.session == "a" and t.describe("b")["session"]["where"] == "parked"
+    t.acquire("c")
+    assert not t.can_admit("d") and not t.can_admit(None)
+    with pytest.raises(ProtocolError):
+        t.acquire("d")

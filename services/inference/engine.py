@@ -22,7 +22,7 @@ from llama_cpp import _internals
 from shared.config import EngineConfig
 from shared.protocol import ErrorCode, ProtocolError
 from services.inference.sampling import TokenSampler
-from services.inference.sessions import SessionTable
+from services.inference.sessions import Acquired, SessionTable, Slot
 from services.inference.text_stream import TextStream
 
 _KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
@@ -95,6 +95,7 @@ class Engine:
         self._batch = llama_cpp.llama_batch_init(cfg.max_batch_size, 0, 1)
         self.sessions = SessionTable(cfg.session_slots, cfg.session_cache_mb * 2**20, self)
         self.model_name = self.model.metadata().get("general.name", path.stem)
+        self.max_batch_seen = 0  # most generations decoded in one step so far
 
     def close(self) -> None:
         if self._batch is not None:
@@ -148,69 +149,140 @@ class Engine:
                 raise ProtocolError(ErrorCode.INTERNAL, f"llama_decode failed (rc={rc}; KV cache full?)")
 
     # --- the request path ------------------------------------------------------------------
-    def generate(self, prompt: str, session: str | None, params: GenerateParams,
-                 on_text: Callable[[str], None] | None = None) -> dict:
+    def start(self, prompt: str, session: str | None, params: GenerateParams,
+              on_text: Callable[[str], None] | None = None) -> "Generation":
+        """Prefill what the session's sequence lacks and sample the first token."""
         t_start = time.perf_counter()
         tokens = self.tokenize(prompt)
         n_ctx = self.cfg.n_ctx
         if len(tokens) >= n_ctx:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"prompt is {len(tokens)} tokens; n_ctx is {n_ctx}")
-        max_tokens = min(params.max_tokens, n_ctx - len(tokens))
         sampler = TokenSampler(self.model, self.ctx, temperature=params.temperature, top_k=params.top_k,
                                top_p=params.top_p, seed=params.seed, grammar=params.grammar)
         try:
             got = self.sessions.acquire(session)
-            slot = got.slot
-            # Keep the shared prefix; at least the last prompt token is evaluated to get fresh logits.
-            n_keep = min(common_prefix_len(slot.tokens, tokens), len(tokens) - 1)
-            llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.seq_id, n_keep, -1)
-            slot.tokens = tokens[:n_keep]
-            new = tokens[n_keep:]
-            t_prefill = time.perf_counter()
-            self._decode(new, n_keep, slot.seq_id)
-            slot.tokens.extend(new)
-            prefill_s = time.perf_counter() - t_prefill
-
-            stream = TextStream(params.stop)
-            generated = 0
-            ttft = None
-            stop_reason = "length"
-            t_decode = time.perf_counter()
-            while generated < max_tokens:
-                tok = sampler.sample()
-                if ttft is None:
-                    ttft = time.perf_counter() - t_start
-                if llama_cpp.llama_vocab_is_eog(self.model.vocab, tok):
-                    stop_reason = "eos"
-                    break
-                generated += 1
-                piece = stream.feed(self.token_bytes(tok))
-                if piece and on_text:
-                    on_text(piece)
-                if stream.stopped:
-                    stop_reason = "stop"
-                    break
-                if generated < max_tokens:
-                    self._decode([tok], len(slot.tokens), slot.seq_id)
-                    slot.tokens.append(tok)
-            tail = stream.finish()
-            if tail and on_text:
-                on_text(tail)
-            decode_s = time.perf_counter() - t_decode
-            total_s = time.perf_counter() - t_start
-        finally:
+        except ProtocolError:
             sampler.close()
+            raise
+        slot = got.slot
+        g = Generation(slot, sampler, TextStream(params.stop), on_text, min(params.max_tokens, n_ctx - len(tokens)),
+                       t_start, len(tokens), got)
+        try:
+            # Keep the shared prefix; at least the last prompt token is evaluated to get fresh logits.
+            g.cached = min(common_prefix_len(slot.tokens, tokens), len(tokens) - 1)
+            llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.seq_id, g.cached, -1)
+            slot.tokens = tokens[:g.cached]
+            new = tokens[g.cached:]
+            t_prefill = time.perf_counter()
+            self._decode(new, g.cached, slot.seq_id)
+            slot.tokens.extend(new)
+            g.prefill_s = time.perf_counter() - t_prefill
+            g.t_decode = time.perf_counter()
+            self._sample_next(g, -1)
+        except Exception:
+            g.finish(self.sessions, "error")
+            raise
+        return g
+
+    def step(self, generations: list["Generation"]) -> None:
+        """Decode the pending token of every unfinished generation in one batch, then sample each one's next."""
+        active = [g for g in generations if not g.done]
+        if not active:
+            return
+        self.max_batch_seen = max(self.max_batch_seen, len(active))
+        batch = self._batch
+        batch.n_tokens = len(active)
+        for i, g in enumerate(active):
+            batch.token[i] = g.pending
+            batch.pos[i] = len(g.slot.tokens)
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = g.slot.seq_id
+            batch.logits[i] = 1
+        rc = llama_cpp.llama_decode(self.ctx.ctx, batch)
+        if rc != 0:
+            for g in active:
+                g.finish(self.sessions, "error")
+            raise ProtocolError(ErrorCode.INTERNAL, f"llama_decode failed (rc={rc}; KV cache full?)")
+        for i, g in enumerate(active):
+            g.slot.tokens.append(g.pending)
+            self._sample_next(g, i)
+
+    def _sample_next(self, g: "Generation", batch_index: int) -> None:
+        tok = g.sampler.sample(batch_index)
+        if g.ttft is None:
+            g.ttft = time.perf_counter() - g.t_start
+        if llama_cpp.llama_vocab_is_eog(self.model.vocab, tok):
+            g.finish(self.sessions, "eos")
+            return
+        g.generated += 1
+        g.emit(g.stream.feed(self.token_bytes(tok)))
+        if g.stream.stopped:
+            g.finish(self.sessions, "stop")
+        elif g.generated >= g.max_tokens:
+            g.finish(self.sessions, "length")
+        else:
+            g.pending = tok
+
+    def generate(self, prompt: str, session: str | None, params: GenerateParams,
+                 on_text: Callable[[str], None] | None = None) -> dict:
+        """One request on its own: start, then step until done."""
+        g = self.start(prompt, session, params, on_text)
+        while not g.done:
+            self.step([g])
+        return g.result()
+
+
+@dataclass
+class Generation:
+    """One request in flight: its slot (held busy), sampler, text stream and counters."""
+
+    slot: "Slot"
+    sampler: TokenSampler
+    stream: TextStream
+    on_text: Callable[[str], None] | None
+    max_tokens: int
+    t_start: float
+    prompt_tokens: int
+    acquired: "Acquired"
+    cached: int = 0
+    generated: int = 0
+    pending: int = -1  # sampled, not yet decoded
+    ttft: float | None = None
+    prefill_s: float = 0.0
+    t_decode: float = 0.0
+    t_end: float = 0.0
+    stop_reason: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.stop_reason is not None
+
+    def emit(self, piece: str) -> None:
+        if piece and self.on_text:
+            self.on_text(piece)
+
+    def finish(self, sessions: SessionTable, reason: str) -> None:
+        self.stop_reason = reason
+        self.emit(self.stream.finish())
+        self.t_end = time.perf_counter()
+        self.sampler.close()
+        sessions.release(self.slot)
+
+    def result(self) -> dict:
+        decode_s = self.t_end - self.t_decode
+        total_s = self.t_end - self.t_start
+        prefill = self.prompt_tokens - self.cached
         return {
-            "text": stream.text,
-            "stop_reason": stop_reason,
-            "prompt_tokens": len(tokens),
-            "cached_tokens": n_keep,
-            "prefill_tokens": len(new),
-            "completion_tokens": generated,
-            "kv_source": got.source,
-            "kv_switch_ms": got.switch_ms,
-            "ttft_s": round(ttft if ttft is not None else total_s, 4),
-            "prefill_tps": round(len(new) / prefill_s, 1) if prefill_s > 0 else None,
-            "decode_tps": round(generated / decode_s, 1) if generated and decode_s > 0 else None,
+            "text": self.stream.text,
+            "stop_reason": self.stop_reason,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached,
+            "prefill_tokens": prefill,
+            "completion_tokens": self.generated,
+            "kv_source": self.acquired.source,
+            "kv_switch_ms": self.acquired.switch_ms,
+            "ttft_s": round(self.ttft if self.ttft is not None else total_s, 4),
+            "prefill_tps": round(prefill / self.prefill_s, 1) if self.prefill_s > 0 else None,
+            "decode_tps": round(self.generated / decode_s, 1) if self.generated and decode_s > 0 else None,
             "total_s": round(total_s, 4),
         }

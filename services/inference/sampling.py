@@ -55,11 +55,11 @@ class TokenSampler:
         llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._one_array))
         return math.isfinite(self._one[0].logit)
 
-    def _sample_constrained(self) -> int:
+    def _sample_constrained(self, batch_index: int) -> int:
         n_vocab = self._model.n_vocab()
         if self._all is None:
             self._all = _internals.LlamaTokenDataArray(n_vocab=n_vocab)
-        logits = llama_cpp.llama_get_logits_ith(self._ctx.ctx, -1)
+        logits = llama_cpp.llama_get_logits_ith(self._ctx.ctx, batch_index)
         self._all.copy_logits(np.ctypeslib.as_array(logits, shape=(n_vocab,)))
         candidates = self._all.candidates
         candidates.selected = -1
@@ -67,12 +67,12 @@ class TokenSampler:
         llama_cpp.llama_sampler_apply(self._chain.sampler, ctypes.byref(candidates))
         return int(self._all.candidates_data.id[candidates.selected])
 
-    def sample(self) -> int:
-        """The next token from the last evaluated position's logits."""
-        token = llama_cpp.llama_sampler_sample(self._chain.sampler, self._ctx.ctx, -1)
+    def sample(self, batch_index: int = -1) -> int:
+        """The next token from the logits of one position of the last batch (default: its last)."""
+        token = llama_cpp.llama_sampler_sample(self._chain.sampler, self._ctx.ctx, batch_index)
         if self._grammar is None:
             return token
         if not self._grammar_allows(token):
-            token = self._sample_constrained()
+            token = self._sample_constrained(batch_index)
         llama_cpp.llama_sampler_accept(self._grammar, token)
         return token

@@ -1,22 +1,32 @@
-"""The inference process: protocol handlers around one ``Engine``."""
+"""The inference process: protocol handlers around one ``Engine``, with continuous batching.
+
+Like llama.cpp's server loop: requests of different sessions share each decode
+step (one llama_decode for every running generation), new requests join
+between steps as slots free up, and finished ones leave. A request whose
+session is already generating waits for it (one sequence, one writer).
+"""
 
 from __future__ import annotations
+
+from collections import deque
+
+import zmq
 
 from shared import shm
 from shared.config import Config
 from shared.protocol import ErrorCode, ProtocolError, Request
-from shared.service import Emitter, Service
-from services.inference.engine import Engine, GenerateParams
+from shared.service import Emitter, Service, Job
+from services.inference.engine import Engine, Generation, GenerateParams
 
 
 class InferenceService(Service):
     name = "inference"
-    workers = 1  # one engine, one request at a time: the queue orders the rest
+    workers = 1  # one engine; concurrency comes from batching its slots
+    scheduled = frozenset({"generate"})
 
     def __init__(self, config: Config, endpoint: str | None = None):
         super().__init__(config, endpoint)
         self.engine = Engine(config.engine)
-        self.handle("generate", self.on_generate)
         self.handle("session.drop", self.on_session_drop)
         self.handle("sessions", lambda req, _: self.engine.sessions.describe(req.session))
         self.handle("tokenize", lambda req, _: {"tokens": self.engine.tokenize(req.body["text"])})
@@ -24,7 +34,8 @@ class InferenceService(Service):
     def health_details(self) -> dict:
         return {"model": self.engine.model_name, "model_path": str(self.engine.model_path),
                 "n_ctx": self.config.engine.n_ctx, "n_threads": self.engine.n_threads,
-                "sessions_resident": sum(s.session is not None for s in self.engine.sessions.slots)}
+                "sessions_resident": sum(s.session is not None for s in self.engine.sessions.slots),
+                "max_batch_seen": self.engine.max_batch_seen}
 
     def close(self) -> None:
         self.engine.close()
@@ -44,22 +55,73 @@ class InferenceService(Service):
         p.stop = stop
         return p
 
-    def on_generate(self, req: Request, emit: Emitter) -> dict:
+    def work_loop(self, out: zmq.Socket) -> None:
+        running: list[tuple[Job, Generation]] = []
+        waiting: deque[Job] = deque()  # generate requests whose session is busy, or no slot free
+        while True:
+            self._admit(out, running, waiting)
+            self.set_running(len(running) + len(waiting))
+            if not running:
+                if not waiting and self.idle_and_stopping():
+                    return
+                continue
+            try:
+                self.engine.step([g for _, g in running])
+            except Exception as exc:  # the decode failed: every generation in the batch is lost
+                for job, _ in running:
+                    self.fail(job, out, exc)
+                running.clear()
+            for job, g in [r for r in running if r[1].done]:
+                running.remove((job, g))
+                self._finished(job, g, out)
+
+    def _admit(self, out: zmq.Socket, running: list, waiting: deque) -> None:
+        """Start queued work while slots are free; block briefly only when there is nothing to do."""
+        while len(running) < len(self.engine.sessions.slots):
+            if waiting and self.engine.sessions.can_admit(waiting[0].request.session):
+                job = waiting.popleft()
+            else:
+                job = self.next_job(None if running or waiting else 0.2)
+                if job is None:
+                    return
+                if job.request.type != "generate":
+                    self.run_job(job, out)
+                    continue
+                if not self.engine.sessions.can_admit(job.request.session):
+                    waiting.append(job)
+                    return
+            try:
+                g = self._start(job, out)
+            except Exception as exc:
+                self.fail(job, out, exc)
+                continue
+            if g.done:
+                self._finished(job, g, out)
+            else:
+                running.append((job, g))
+
+    def _start(self, job: Job, out: zmq.Socket) -> Generation:
+        req = job.request
+        prompt, params = self._prompt(req), self._params(req.body)
+        send = self.replier(job, out)
+        on_text = (lambda text: send("event", {"text": text})) if req.body.get("stream") else None
+        return self.engine.start(prompt, req.session, params, on_text)
+
+    def _finished(self, job: Job, g: Generation, out: zmq.Socket) -> None:
+        result = g.result()
+        self.log.info("generate", session=job.request.session, request_id=job.request.id,
+                      **{k: v for k, v in result.items() if k != "text"})
+        self.replier(job, out)("ok", result)
+
+    def _prompt(self, req: Request) -> str:
         if "prompt_shm" in req.body:
             try:
-                prompt = shm.take_bytes(req.body["prompt_shm"], req.session).decode()
+                return shm.take_bytes(req.body["prompt_shm"], req.session).decode()
             except UnicodeDecodeError:
                 raise ProtocolError(ErrorCode.BAD_REQUEST, "prompt_shm does not hold UTF-8 text")
-        elif "prompt" in req.body:
-            prompt = req.body["prompt"]
-        else:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, "missing required field 'prompt' (or 'prompt_shm')")
-        params = self._params(req.body)
-        on_text = (lambda text: emit.event({"text": text})) if req.body.get("stream") else None
-        result = self.engine.generate(prompt, req.session, params, on_text)
-        self.log.info("generate", session=req.session, request_id=req.id,
-                      **{k: v for k, v in result.items() if k != "text"})
-        return result
+        if "prompt" in req.body:
+            return req.body["prompt"]
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "missing required field 'prompt' (or 'prompt_shm')")
 
     def on_session_drop(self, req: Request, _: Emitter) -> dict:
         if req.session is None:

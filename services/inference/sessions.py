@@ -18,6 +18,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from shared.protocol import ErrorCode, ProtocolError
+
 
 class KvOps(Protocol):
     def save_seq(self, seq_id: int) -> bytes: ...
@@ -31,6 +33,7 @@ class Slot:
     session: str | None = None
     tokens: list[int] = field(default_factory=list)  # tokens whose KV is in this sequence, in order
     last_used: float = 0.0
+    busy: bool = False  # a request is generating in it: not to be parked, reused or evicted
 
 
 @dataclass
@@ -54,10 +57,23 @@ class SessionTable:
         self._parked: OrderedDict[str, _Parked] = OrderedDict()
         self.parked_bytes = 0
 
+    def can_admit(self, session: str | None) -> bool:
+        """Whether a request of ``session`` can start now: its own slot is idle, or an idle slot exists."""
+        own = self._resident(session)
+        if own is not None:
+            return not own.busy
+        return any(not s.busy for s in self.slots)
+
+    def _resident(self, session: str | None) -> Slot | None:
+        return next((s for s in self.slots if session is not None and s.session == session), None)
+
     def acquire(self, session: str | None) -> Acquired:
-        """The slot to run a request of ``session`` in (``None`` = stateless: always cold)."""
+        """The slot to run a request of ``session`` in (``None`` = stateless: always cold); it is held
+        busy until ``release``."""
+        if not self.can_admit(session):
+            raise ProtocolError(ErrorCode.BUSY, "every session slot is generating; retry later")
         t0 = time.perf_counter()
-        slot = next((s for s in self.slots if session is not None and s.session == session), None)
+        slot = self._resident(session)
         source = "resident"
         if slot is None:
             slot = self._free_slot()
@@ -71,13 +87,19 @@ class SessionTable:
                 else:
                     self._kv.clear_seq(slot.seq_id)
         slot.last_used = time.monotonic()
+        slot.busy = True
         return Acquired(slot, source, round((time.perf_counter() - t0) * 1000, 3))
 
+    def release(self, slot: Slot) -> None:
+        slot.busy = False
+        slot.last_used = time.monotonic()
+
     def _free_slot(self) -> Slot:
-        free = [s for s in self.slots if s.session is None]
+        idle = [s for s in self.slots if not s.busy]
+        free = [s for s in idle if s.session is None]
         if free:
             return min(free, key=lambda s: s.last_used)
-        victim = min(self.slots, key=lambda s: s.last_used)
+        victim = min(idle, key=lambda s: s.last_used)
         self._park(victim)
         return victim
 
@@ -93,10 +115,10 @@ class SessionTable:
         slot.session, slot.tokens = None, []
 
     def drop(self, session: str) -> bool:
-        """Forget a session's KV wherever it lives; True if there was any."""
+        """Forget a session's KV wherever it lives (not while it generates); True if there was any."""
         found = False
         for slot in self.slots:
-            if slot.session == session:
+            if slot.session == session and not slot.busy:
                 self._kv.clear_seq(slot.seq_id)
                 slot.session, slot.tokens = None, []
                 found = True
