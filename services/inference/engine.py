@@ -96,6 +96,8 @@ class Engine:
         self.sessions = SessionTable(cfg.session_slots, cfg.session_cache_mb * 2**20, self)
         self.model_name = self.model.metadata().get("general.name", path.stem)
         self.max_batch_seen = 0  # most generations decoded in one step so far
+        #: generations one decode step can carry: one token each, in a batch of max_batch_size
+        self.max_parallel = min(cfg.session_slots, cfg.max_batch_size)
 
     def close(self) -> None:
         if self._batch is not None:

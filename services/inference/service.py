@@ -77,7 +77,7 @@ class InferenceService(Service):
 
     def _admit(self, out: zmq.Socket, running: list, waiting: deque) -> None:
         """Start queued work while slots are free; block briefly only when there is nothing to do."""
-        while len(running) < len(self.engine.sessions.slots):
+        while len(running) < self.engine.max_parallel:
             if waiting and self.engine.sessions.can_admit(waiting[0].request.session):
                 job = waiting.popleft()
             else:
