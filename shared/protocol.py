@@ -172,6 +172,24 @@ MESSAGES: dict[str, MessageSpec] = {
         doc="Outcome of one agent run; acknowledged only once it is durable on disk.",
     ),
     "feedback.stats": MessageSpec("optimizer", doc="Feedback counts: total, succeeded, failed, top error reasons."),
+    # --- self-optimization: telemetry in, settings out -------------------------------------
+    "telemetry": MessageSpec(
+        "optimizer",
+        {
+            "service": Field(str, required=True, max_len=64),
+            "pid": Field(int),
+            "samples": Field(list, max_len=4096),
+            "system": Field(dict),
+        },
+        doc="A batch of per-request samples (one map per finished request) and the sender's process figures.",
+    ),
+    "engine.configure": MessageSpec(
+        "inference",
+        {"settings": Field(dict, required=True)},
+        doc="Change the engine's tunable settings. Hot ones apply at once; ones that rebuild the llama.cpp "
+            "context apply between requests (a planned reload, no request lost). Reply: the full 'settings', "
+            "'reloaded' bool, 'settings_id'.",
+    ),
 }
 
 
