@@ -204,6 +204,9 @@ MESSAGES: dict[str, MessageSpec] = {
             "context apply between requests (a planned reload, no request lost). Reply: the full 'settings', "
             "'reloaded' bool, 'settings_id'.",
     ),
+    # --- operations: every service's figures, answered by the service loop like health ------
+    "metrics": MessageSpec("*", doc="The service's Prometheus metrics: 'text' (text exposition format) and "
+                                    "'content_type'."),
 }
 
 
