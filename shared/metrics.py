@@ -37,8 +37,9 @@ PREFIX = "magnitude_"
 #: Label for request frames that never became a known message type (bad frames, unknown types).
 INVALID_TYPE = "invalid"
 
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 7.5, 10,
+                    15, 20, 30, 60, 120)
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1, 2.5, 5, 10, 30)
 _DECODE_TPS_BUCKETS = (1, 2, 5, 10, 20, 30, 50, 75, 100, 150, 200, 300, 500)
 _PREFILL_TPS_BUCKETS = (10, 25, 50, 100, 200, 400, 800, 1600, 3200, 6400, 12800)
 #: Token counts of a generate result, as ``magnitude_generation_tokens_total{kind=...}``.
