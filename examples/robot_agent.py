@@ -78,8 +78,8 @@ async def run_task(number: int, task: str, inference: AsyncClient, agent: AsyncA
     log.info("task_started", task=number, session=session)
     await plan(inference, task, session, retry, args.plan_tokens)
     trace = await agent.run(task, session_id=session, max_iterations=args.max_iterations)
-    if trace.stopped == "error" and trace.error.split(":", 1)[0] in RETRYABLE:
-        raise ServiceError(*trace.error.split(": ", 1))  # still down after every retry: give up
+    if trace.stopped == "error" and trace.error.split(":", 1)[0] in RETRYABLE:  # trace.error is "code: message"
+        raise ServiceError(*trace.error.split(": ", 1))  # inference still down after every retry: give up
     for step in trace.steps:
         result = f" -> {step.error or step.observation}" if step.error or step.observation else ""
         print(f"act>  {step.thought} Action: {json.dumps(step.action)}{result}", flush=True)
@@ -98,14 +98,14 @@ async def main(args: argparse.Namespace) -> int:
     inference = AsyncClient.for_service("inference", config, timeout_s=args.timeout)
     optimizer = AsyncClient.for_service("optimizer", config, timeout_s=args.timeout)
     agent = AsyncAgent(config, timeout_s=args.timeout, retry=retry)
+    tasks = args.task or TASKS
     try:
-        tasks = args.task or TASKS
         for number, task in enumerate(tasks, 1):
             await run_task(number, task, inference, agent, optimizer, retry, args)
     except ServiceError as err:
         log.error("giving_up", code=err.code, error=err.message)
-        print(f"robot_agent: a service stayed unavailable: {err} (is the stack up? `magnitude up`)",
-              file=sys.stderr)
+        hint = f" (down for over --deadline {args.deadline:g}s; is the stack up?)" if err.code in RETRYABLE else ""
+        print(f"robot_agent: giving up: {err}{hint}", file=sys.stderr)
         return 1
     finally:
         for client in (inference, optimizer, agent):
@@ -124,7 +124,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--deadline", type=float, default=60.0,
                         help="seconds a service may stay unreachable before the run gives up (default 60)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for each reply (default 120)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if min(args.plan_tokens, args.max_iterations, args.deadline, args.timeout) <= 0:
+        parser.error("--plan-tokens, --max-iterations, --deadline and --timeout must be positive")
+    return args
 
 
 if __name__ == "__main__":

@@ -8,8 +8,9 @@ reply can never be mistaken for the answer to a later request.
 
 A socket monitor watches the connection: when the service goes away while a
 request is in flight (crash, restart), the request fails at once with
-``unavailable`` instead of waiting out its timeout, and ZeroMQ reconnects for
-the next one. With ``retry=Retry(...)`` a call re-sends on transient failures
+``unavailable`` instead of waiting out its timeout, and its socket is replaced
+so no frame of it can reach the next request (a disconnect between requests is
+harmless: ZeroMQ reconnects by itself). With ``retry=Retry(...)`` a call re-sends on transient failures
 with the same request id, which the services deduplicate by (session, id).
 """
 
@@ -80,23 +81,29 @@ class Retry:
     max_backoff_s: float = 2.0
     on_retry: Callable[[Restart], None] | None = None  # e.g. to log each retry
 
+    def __post_init__(self) -> None:
+        if not (self.deadline_s > 0 and 0 < self.first_backoff_s <= self.max_backoff_s):
+            raise ValueError(f"Retry needs deadline_s > 0 and 0 < first_backoff_s <= max_backoff_s, got {self}")
+
 
 class _Attempts:
-    """The bookkeeping of one retried call: its deadline, the backoff, which errors qualify."""
+    """The bookkeeping of one call's attempts: its deadline, the backoff, which errors qualify."""
 
-    def __init__(self, policy: Retry):
+    def __init__(self, policy: Retry | None):  # None: one attempt, every error is raised
         self.policy = policy
         self.started = time.monotonic()
         self.attempt = 1
 
     def first_wait_s(self, timeout_s: float) -> float:
         """How long this attempt may wait for its first reply frame."""
+        if self.policy is None:
+            return timeout_s
         remaining = self.started + self.policy.deadline_s - time.monotonic()
         return max(0.01, min(timeout_s, remaining))
 
     def restart_after(self, err: ServiceError) -> Restart:
         """The next attempt after ``err``; raises ``err`` when it is final or the deadline would pass."""
-        if err.code not in RETRYABLE:
+        if self.policy is None or err.code not in RETRYABLE:
             raise err
         delay = min(self.policy.max_backoff_s, self.policy.first_backoff_s * 2 ** (self.attempt - 1))
         elapsed = time.monotonic() - self.started
@@ -263,22 +270,20 @@ class Client(_Base):
         and a ``Restart`` is yielded first: frames of the failed attempt are to be discarded.
         """
         request_id = request_id or new_request_id()
-        attempts = _Attempts(retry) if retry else None
+        attempts = _Attempts(retry)
         while True:
             try:
                 yield from self._attempt(msg_type, body, session, request_id, attempts)
                 return
             except ServiceError as err:
-                if attempts is None:
-                    raise
-                restart = attempts.restart_after(err)
-                yield restart
-                time.sleep(restart.delay_s)
+                restart = attempts.restart_after(err)  # or raises err
+            yield restart
+            time.sleep(restart.delay_s)
 
     def _attempt(self, msg_type: str, body: dict | None, session: str | None, request_id: str,
-                 attempts: _Attempts | None) -> Iterator[Reply]:
+                 attempts: _Attempts) -> Iterator[Reply]:
         self.send_raw(encode_request(msg_type, body, session=session, request_id=request_id))
-        wait_s = attempts.first_wait_s(self.timeout_s) if attempts else None
+        wait_s = attempts.first_wait_s(self.timeout_s)
         while True:
             reply = self._raise_if_error(self.recv_reply(request_id, timeout_s=wait_s, what=msg_type))
             yield reply
@@ -353,26 +358,24 @@ class AsyncClient(_Base):
                      ) -> AsyncIterator[Reply | Restart]:
         """As ``Client.stream``."""
         request_id = request_id or new_request_id()
-        attempts = _Attempts(retry) if retry else None
+        attempts = _Attempts(retry)
         while True:
             try:
                 async for reply in self._attempt(msg_type, body, session, request_id, attempts):
                     yield reply
                 return
             except ServiceError as err:
-                if attempts is None:
-                    raise
-                restart = attempts.restart_after(err)
-                yield restart
-                await asyncio.sleep(restart.delay_s)
+                restart = attempts.restart_after(err)  # or raises err
+            yield restart
+            await asyncio.sleep(restart.delay_s)
 
     async def _attempt(self, msg_type: str, body: dict | None, session: str | None, request_id: str,
-                       attempts: _Attempts | None) -> AsyncIterator[Reply]:
+                       attempts: _Attempts) -> AsyncIterator[Reply]:
         self._check_reachable()
         sock = self._socket()
         await self._fail(in_flight=False)  # forget disconnects of earlier requests
         await sock.send(encode_request(msg_type, body, session=session, request_id=request_id))
-        wait_s = attempts.first_wait_s(self.timeout_s) if attempts else self.timeout_s
+        wait_s = attempts.first_wait_s(self.timeout_s)
         while True:
             reply = self._raise_if_error(await self._recv_reply(request_id, wait_s, msg_type))
             yield reply

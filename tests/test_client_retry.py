@@ -166,3 +166,10 @@ def test_async_dying_mid_request_fails_fast(endpoint):
         asyncio.run(run())
     assert info.value.code == "unavailable" and time.monotonic() - t0 < 5
     service.join()
+
+
+def test_bad_retry_settings_are_refused():
+    with pytest.raises(ValueError, match="deadline_s"):
+        Retry(deadline_s=0)
+    with pytest.raises(ValueError, match="first_backoff_s"):
+        Retry(first_backoff_s=5, max_backoff_s=1)
