@@ -302,12 +302,12 @@ class Client(_Base):
     def health(self) -> dict:
         return self.request("health")
 
-    def generate(self, prompt: str, session_id: str | None = None, retry: Retry | None = None,
+    def generate(self, prompt: str, session_id: str | None = None, *, retry: Retry | None = None,
                  **params: Any) -> GenerateResult:
         body = self.request("generate", _generate_body(prompt, session_id, False, params), session_id, retry=retry)
         return GenerateResult.from_body(body)
 
-    def generate_stream(self, prompt: str, session_id: str | None = None, retry: Retry | None = None,
+    def generate_stream(self, prompt: str, session_id: str | None = None, *, retry: Retry | None = None,
                         **params: Any) -> Iterator[str | GenerateResult | Restart]:
         """Yield text pieces as they are produced, then one ``GenerateResult`` with the stats.
 
@@ -393,13 +393,13 @@ class AsyncClient(_Base):
     async def health(self) -> dict:
         return await self.request("health")
 
-    async def generate(self, prompt: str, session_id: str | None = None, retry: Retry | None = None,
+    async def generate(self, prompt: str, session_id: str | None = None, *, retry: Retry | None = None,
                        **params: Any) -> GenerateResult:
         body = await self.request("generate", _generate_body(prompt, session_id, False, params), session_id,
                                   retry=retry)
         return GenerateResult.from_body(body)
 
-    async def generate_stream(self, prompt: str, session_id: str | None = None, retry: Retry | None = None,
+    async def generate_stream(self, prompt: str, session_id: str | None = None, *, retry: Retry | None = None,
                               **params: Any) -> AsyncIterator[str | GenerateResult | Restart]:
         async for item in self.stream("generate", _generate_body(prompt, session_id, True, params), session_id,
                                       retry=retry):
