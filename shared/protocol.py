@@ -190,6 +190,11 @@ MESSAGES: dict[str, MessageSpec] = {
             "context apply between requests (a planned reload, no request lost). Reply: the full 'settings', "
             "'reloaded' bool, 'settings_id'.",
     ),
+    # --- the watchdog: supervision of the other services -----------------------------------
+    "watchdog.status": MessageSpec(
+        "watchdog",
+        doc="Per supervised service: state, pid, restarts, last restart reason and time, current backoff.",
+    ),
 }
 
 
