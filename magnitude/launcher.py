@@ -48,7 +48,7 @@ def read_pid(config: Config, name: str) -> int | None:
         pid = int(path.read_text().strip())
     except (OSError, ValueError):
         pid = None
-    if pid is not None and _running(pid):
+    if pid is not None and is_alive(pid):
         return pid
     path.unlink(missing_ok=True)
     return None
@@ -106,7 +106,7 @@ def stop(config: Config, name: str, timeout_s: float = 30.0) -> str:
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not _running(pid):
+        if not is_alive(pid):
             break
         time.sleep(0.1)
     else:
@@ -124,13 +124,13 @@ def kill(config: Config, name: str, wait_s: float = 10.0) -> str:
         return "not running"
     os.kill(pid, signal.SIGKILL)
     deadline = time.monotonic() + wait_s
-    while _running(pid) and time.monotonic() < deadline:
+    while is_alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     _pid_file(config, name).unlink(missing_ok=True)
     return f"killed (pid {pid})"
 
 
-def _running(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
     """True while ``pid`` is alive. An exited child of ours is reaped here (the watchdog is the parent of
     what it restarts); a zombie whose parent has not reaped it yet counts as exited."""
     try:
