@@ -99,35 +99,31 @@ def start(config: Config, name: str, config_path: str | None, wait_s: float = 12
 
 
 def stop(config: Config, name: str, timeout_s: float = 30.0) -> str:
-    """SIGTERM (the service drains in-flight work), then SIGKILL after ``timeout_s``."""
+    """SIGTERM (the service drains in-flight work), then SIGKILL after ``timeout_s`` (0: a hung one, at once)."""
     pid = read_pid(config, name)
     if pid is None:
         return "not running"
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not is_alive(pid):
-            break
-        time.sleep(0.1)
+    if timeout_s > 0 and _signal_and_wait(pid, signal.SIGTERM, timeout_s):
+        outcome = f"stopped (pid {pid})"
     else:
-        os.kill(pid, signal.SIGKILL)
-        _pid_file(config, name).unlink(missing_ok=True)
-        return f"killed (pid {pid}) after {timeout_s:g}s"
+        _signal_and_wait(pid, signal.SIGKILL, 10.0)
+        outcome = f"killed (pid {pid}) after {timeout_s:g}s"
     _pid_file(config, name).unlink(missing_ok=True)
-    return f"stopped (pid {pid})"
+    return outcome
 
 
-def kill(config: Config, name: str, wait_s: float = 10.0) -> str:
-    """SIGKILL at once (a hung or stopped process cannot drain) and wait until it is gone."""
-    pid = read_pid(config, name)
-    if pid is None:
-        return "not running"
-    os.kill(pid, signal.SIGKILL)
+def _signal_and_wait(pid: int, sig: int, wait_s: float) -> bool:
+    """Send ``sig`` and wait up to ``wait_s`` for the process to exit; True once it has."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return True
     deadline = time.monotonic() + wait_s
-    while is_alive(pid) and time.monotonic() < deadline:
+    while is_alive(pid):
+        if time.monotonic() > deadline:
+            return False
         time.sleep(0.05)
-    _pid_file(config, name).unlink(missing_ok=True)
-    return f"killed (pid {pid})"
+    return True
 
 
 def is_alive(pid: int) -> bool:

@@ -70,10 +70,7 @@ class LocalBackend:
         launcher.spawn(self.config, name, self.config_path)
 
     def restart(self, name: str, hard: bool) -> None:
-        if hard:
-            launcher.kill(self.config, name)
-        else:
-            launcher.stop(self.config, name)
+        launcher.stop(self.config, name, timeout_s=0 if hard else 30.0)  # hard: SIGKILL at once, no drain
         self.start(name)
 
     def set_nice(self, name: str, nice: int) -> None:
