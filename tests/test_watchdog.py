@@ -153,6 +153,19 @@ def test_hung_service_is_killed_after_hung_checks(tmp_path):
     assert sup.status()["services"]["embedding"]["state"] == "starting"
 
 
+def test_live_process_without_its_socket_is_restarted_at_once(tmp_path):
+    sup, backend, _, _, _ = make_supervisor(tmp_path, {"hung_checks": 3})
+    sup.tick()
+    sup.probe = lambda name: ServiceStatus(name, name != "retrieval", {},
+                                           "unavailable: no service listening at ipc://..." if name == "retrieval"
+                                           else None)
+    sup.tick()  # the process is alive, but no client can reach it: no point in waiting for hung_checks
+    assert [c for c in backend.calls if c[0] == "restart"] == [("restart", "retrieval", True)]
+    assert sup.states["retrieval"].last_reason == "unreachable"
+    sup.tick()  # a restarted one is starting: its socket may not exist yet
+    assert len([c for c in backend.calls if c[0] == "restart"]) == 1
+
+
 def test_slow_start_is_not_hung_until_start_timeout(tmp_path):
     sup, backend, clock, _, healthy = make_supervisor(tmp_path, {"hung_checks": 1, "start_timeout_s": 10})
     healthy["inference"] = False  # loading its model

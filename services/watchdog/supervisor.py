@@ -1,6 +1,7 @@
 """The watchdog's decisions: one heartbeat per service per interval, and what to do about what it sees.
 
 - process gone                                  -> start it again ("dead")
+- alive, but its ipc socket is gone              -> SIGKILL and start ("unreachable": no client can reach it)
 - alive, but ``hung_checks`` heartbeats failed   -> SIGKILL and start ("hung")
 - (re)started but silent past ``start_timeout_s`` -> SIGKILL and start ("start_timeout")
 - memory above its ceiling                       -> graceful restart, it drains first ("memory")
@@ -26,6 +27,7 @@ from magnitude import launcher
 from services.watchdog.backends import Backend
 from services.watchdog.priority import big_cores
 from shared.config import SERVICE_NAMES, Config
+from shared.protocol import ErrorCode
 
 #: The service whose priority and cores the watchdog raises.
 PRIORITY_SERVICE = "inference"
@@ -118,6 +120,8 @@ class Supervisor:
         elif s.state == "starting":
             if now - s.started_mono > self.cfg.start_timeout_s:
                 self._restart(name, s, "start_timeout", now)
+        elif (status.error or "").startswith(ErrorCode.UNAVAILABLE):
+            self._restart(name, s, "unreachable", now)
         else:
             s.failed_checks += 1
             s.state = "unhealthy"
