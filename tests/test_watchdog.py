@@ -99,15 +99,19 @@ class Log:
         return [kw for e, kw in self.events if e == event]
 
 
+@pytest.fixture(autouse=True)
+def any_cpu_allowed(monkeypatch):
+    """The fake sysfs trees name CPUs this test process may not be allowed to use."""
+    monkeypatch.setattr("services.watchdog.supervisor.allowed_cpus", lambda: None)
+
+
 def make_supervisor(tmp_path, watchdog: dict | None = None, healthy=None):
     config = parse_config({"watchdog": {"sysfs_root": str(fake_sysfs(tmp_path, {0: 1000, 1: 2000})),
                                         "backoff_reset_s": 30, **(watchdog or {})}})
     backend, clock, log = FakeBackend(), Clock(), Log()
     healthy = healthy if healthy is not None else {name: True for name in SERVICE_NAMES}
     probe = lambda name: ServiceStatus(name, healthy[name], {}, None if healthy[name] else "timeout: no reply")
-    sup = Supervisor(config, backend, log, probe=probe, clock=clock)
-    sup._allowed_cpus = lambda: None
-    return sup, backend, clock, log, healthy
+    return Supervisor(config, backend, log, probe=probe, clock=clock), backend, clock, log, healthy
 
 
 def test_dead_service_restarts_with_doubling_backoff_that_resets(tmp_path):

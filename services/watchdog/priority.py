@@ -36,6 +36,14 @@ def big_cores(sysfs_root: Path, allowed: Iterable[int] | None = None) -> tuple[s
     return fastest, f"{len(fastest)} of {len(freqs)} cores run up to {top} kHz"
 
 
+def allowed_cpus() -> set[int] | None:
+    """The CPUs this process may run on (a container's cpuset, taskset); None where the OS does not say."""
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return None
+
+
 def _thread_ids(pid: int) -> list[int]:
     try:
         return [t.id for t in psutil.Process(pid).threads()]

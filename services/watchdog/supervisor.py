@@ -15,7 +15,6 @@ service carry its name as ``service``.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -25,7 +24,7 @@ import psutil
 
 from magnitude import launcher
 from services.watchdog.backends import Backend
-from services.watchdog.priority import big_cores
+from services.watchdog.priority import allowed_cpus, big_cores
 from shared.config import SERVICE_NAMES, Config
 from shared.protocol import ErrorCode
 
@@ -72,7 +71,7 @@ class Supervisor:
         self.states = {name: ServiceState() for name in SERVICE_NAMES}
         self._reports = {name: s.report() for name, s in self.states.items()}
         self._warned: set[str] = set()
-        self.cores, why = (big_cores(self.cfg.sysfs_root, self._allowed_cpus()) if self.cfg.pin_inference
+        self.cores, why = (big_cores(self.cfg.sysfs_root, allowed_cpus()) if self.cfg.pin_inference
                            else (None, "watchdog.pin_inference is off"))
         self.log.info("inference_cores", pin=sorted(self.cores) if self.cores else None, reason=why)
 
@@ -80,7 +79,7 @@ class Supervisor:
     def status(self) -> dict[str, Any]:
         services = dict(self._reports)
         return {"backend": self.backend.kind, "interval_s": self.cfg.interval_s,
-                "restarts": sum(r["restarts"] for r in services.values()), "services": services}
+                "restarts": self.total_restarts(), "services": services}
 
     def total_restarts(self) -> int:
         return sum(s.restarts for s in self.states.values())
@@ -182,10 +181,3 @@ class Supervisor:
                 if what not in self._warned:
                     self._warned.add(what)
                     self.log.warning("inference_priority_not_applied", action=what, error=str(err))
-
-    @staticmethod
-    def _allowed_cpus() -> set[int] | None:
-        try:
-            return set(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            return None
