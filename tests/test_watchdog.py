@@ -287,3 +287,12 @@ def test_docker_backend_restarts_kills_and_pins():
     assert inference.calls[-1] == ("update", {"cpuset_cpus": "4,5,6,7"})
     with pytest.raises(NotImplementedError):
         backend.set_nice("inference", -5)
+
+
+def test_backend_choice_and_an_unreachable_docker_api(monkeypatch, tmp_path):
+    from services.watchdog import backends
+    monkeypatch.setattr(backends, "DOCKER_SOCKET", tmp_path / "no-docker.sock")
+    assert backends.make_backend(parse_config({}), None).kind == "local"  # auto without a docker socket
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    with pytest.raises(ValueError, match="cannot reach the docker API"):
+        backends.make_backend(parse_config({"watchdog": {"backend": "docker"}}), None)
