@@ -2,7 +2,8 @@
 
 Sections: ``engine`` (the chat model and how it runs), ``agent`` (tools, loop
 limits), ``runtime`` (where sockets, data and logs live; queue and frame limits),
-``memory`` (embedding and retrieval), ``watchdog`` (supervision of the services).
+``memory`` (embedding, retrieval, context budget), ``metrics`` (Prometheus endpoints),
+``watchdog`` (supervision of the services).
 ``load_config`` raises ``ConfigError`` naming each bad value and why.
 """
 
@@ -10,7 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -34,6 +35,12 @@ class ConfigError(ValueError):
     """A configuration file that cannot be used, with one line per problem."""
 
 
+def _require_known_services(names, known: tuple[str, ...] = SERVICE_NAMES) -> None:
+    for name in names:
+        if name not in known:
+            raise ValueError(f"unknown service {name!r} (known: {', '.join(known)})")
+
+
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
@@ -47,6 +54,15 @@ class EngineConfig(_Section):
     kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"
     session_slots: int = Field(4, ge=1, le=64, description="sessions whose KV stays resident in the context")
     session_cache_mb: int = Field(256, ge=0, le=65536, description="RAM for parked session KV states")
+    spec_draft_tokens: int = Field(0, ge=0, le=32, description="prompt-lookup draft tokens per decode step "
+                                                                "(speculative decoding); 0 = off")
+    spec_ngram_size: int = Field(2, ge=1, le=8, description="tokens matched to find a draft in the context")
+    decode_pause_ms: int = Field(0, ge=0, le=1000, description="sleep between decode steps (thermal relief)")
+    models: dict[str, Path] = Field(default_factory=dict, description="more GGUF models by name, loadable on "
+                                                                      "demand; model_path is named 'default'")
+    max_models: int = Field(2, ge=1, le=16, description="models resident at once (model slots)")
+    models_memory_mb: int = Field(4096, ge=64, le=1 << 20, description="budget for resident models: weights "
+                                                                       "and KV; the least recently used goes")
     self_optimize: bool = True
     optimization_window: int = Field(50, ge=5, le=10000, description="requests per optimizer decision")
     default_max_tokens: int = Field(256, ge=1, le=32768)
@@ -163,9 +179,8 @@ class RuntimeConfig(_Section):
     @field_validator("endpoints")
     @classmethod
     def _endpoints_are_zmq(cls, v: dict[str, str]) -> dict[str, str]:
+        _require_known_services(v, (*SERVICE_NAMES, WATCHDOG_NAME))
         for name, url in v.items():
-            if name not in (*SERVICE_NAMES, WATCHDOG_NAME):
-                raise ValueError(f"unknown service {name!r} (known: {', '.join((*SERVICE_NAMES, WATCHDOG_NAME))})")
             if not url.startswith(("ipc://", "tcp://")):
                 raise ValueError(f"{name}: endpoint must start with ipc:// or tcp://, got {url!r}")
         return v
@@ -216,6 +231,33 @@ class MemoryConfig(_Section):
         return self.embedding_model_path or magnitude_home() / "models" / DEFAULT_EMBEDDING_MODEL_FILE
 
 
+class MetricsConfig(_Section):
+    """Each service's Prometheus text endpoint (the ``metrics`` message works whatever this says)."""
+
+    enabled: bool = Field(True, description="serve /metrics over HTTP from every service")
+    host: str = Field("127.0.0.1", min_length=1,
+                      description="address the HTTP endpoints bind; they have no auth, so keep it loopback "
+                                  "unless the network is private")
+    base_port: int = Field(9464, ge=0, le=65536 - len(SERVICE_NAMES),
+                           description="service i in SERVICE_NAMES order gets base_port + i; "
+                                       "0 = an ephemeral port each (health's metrics_url says which)")
+    ports: dict[str, Annotated[int, Field(ge=0, le=65535)]] = Field(
+        default_factory=dict, description="per-service override, e.g. {inference: 9100}; 0 = ephemeral")
+
+    @field_validator("ports")
+    @classmethod
+    def _ports_are_for_services(cls, v: dict[str, int]) -> dict[str, int]:
+        _require_known_services(v, (*SERVICE_NAMES, WATCHDOG_NAME))
+        return v
+
+    def port(self, service: str) -> int:
+        if service in self.ports:
+            return self.ports[service]
+        if self.base_port == 0 or service not in SERVICE_NAMES:
+            return 0
+        return self.base_port + SERVICE_NAMES.index(service)
+
+
 class WatchdogConfig(_Section):
     """How the watchdog supervises the services: heartbeat, restarts, memory ceiling, inference priority."""
 
@@ -234,8 +276,8 @@ class WatchdogConfig(_Section):
     backoff_reset_s: float = Field(60.0, gt=0, le=86400, description="healthy this long: the backoff resets")
     memory_ceiling_mb: int | None = Field(None, ge=1, le=1 << 24, description="RSS above which a service is "
                                           "restarted gracefully; default (null): 75% of physical memory")
-    service_memory_ceiling_mb: dict[str, int] = Field(default_factory=dict,
-                                                      description="per-service ceilings over memory_ceiling_mb")
+    service_memory_ceiling_mb: dict[str, Annotated[int, Field(ge=1, le=1 << 24)]] = Field(
+        default_factory=dict, description="per-service ceilings over memory_ceiling_mb")
     inference_nice: int = Field(-5, ge=-20, le=19, description="nice value given to the inference process "
                                                               "(negative needs CAP_SYS_NICE; else a warning)")
     pin_inference: bool = Field(True, description="pin inference to the big cores (highest cpuinfo_max_freq)")
@@ -246,11 +288,7 @@ class WatchdogConfig(_Section):
     @field_validator("service_memory_ceiling_mb")
     @classmethod
     def _ceilings_name_services(cls, v: dict[str, int]) -> dict[str, int]:
-        for name, mb in v.items():
-            if name not in SERVICE_NAMES:
-                raise ValueError(f"unknown service {name!r} (known: {', '.join(SERVICE_NAMES)})")
-            if mb < 1:
-                raise ValueError(f"{name}: ceiling must be >= 1 MB, got {mb}")
+        _require_known_services(v)
         return v
 
     @field_validator("backoff_max_s")
@@ -267,6 +305,7 @@ class Config(_Section):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
 
 
