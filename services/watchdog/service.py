@@ -25,7 +25,9 @@ class WatchdogService(Service):
         super().__init__(config, endpoint)
         # The runner exports the config file it was given, so restarted services read the same one.
         backend = make_backend(config, os.environ.get("MAGNITUDE_CONFIG"))
-        self.supervisor = Supervisor(config, backend, self.log)
+        restarts = self.metrics.counter("restarts_total", "Service restarts by the watchdog.", ["service", "reason"])
+        self.supervisor = Supervisor(config, backend, self.log,
+                                     on_restart=lambda service, reason: restarts.labels(service, reason).inc())
         self._stop_supervising = threading.Event()
         self._thread = threading.Thread(target=self.supervisor.run, args=(self._stop_supervising,),
                                         name="watchdog-supervisor", daemon=True)

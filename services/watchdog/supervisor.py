@@ -62,10 +62,12 @@ class ServiceState:
 
 class Supervisor:
     def __init__(self, config: Config, backend: Backend, log: Any, probe: Probe | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 on_restart: Callable[[str, str], None] = lambda service, reason: None):
         self.cfg = config.watchdog
         self.backend = backend
         self.log = log
+        self.on_restart = on_restart  # (service, reason): e.g. a metrics counter
         self.clock = clock
         self.probe = probe or (lambda name: launcher.check(config, name, timeout_s=self.cfg.health_timeout_s))
         self.states = {name: ServiceState() for name in SERVICE_NAMES}
@@ -164,6 +166,7 @@ class Supervisor:
             s.next_restart_mono = now + s.backoff_s
             s.state, s.started_mono, s.failed_checks, s.healthy_since = "starting", self.clock(), 0, None
         s.pid = self.backend.pid(name)
+        self.on_restart(name, reason)
         self.log.info("service_restarted", service=name, reason=reason, attempt=s.attempt, pid=s.pid,
                       restarts=s.restarts, backoff_s=s.backoff_s)
 
