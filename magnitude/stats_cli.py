@@ -19,7 +19,7 @@ from collections import defaultdict
 from prometheus_client.parser import text_string_to_metric_families
 
 from magnitude.client import Client, ServiceError
-from shared.config import SERVICE_NAMES, Config
+from shared.config import SERVICE_NAMES, WATCHDOG_NAME, Config
 
 #: Monitoring requests, not work: excluded from the row's requests and latency.
 PROBES = frozenset({"health", "metrics"})
@@ -27,7 +27,8 @@ PROBES = frozenset({"health", "metrics"})
 _COLUMNS = (("service", "SERVICE", 11), ("status", "STATUS", 6), ("requests", "REQUESTS", 8),
             ("p50_ms", "P50 MS", 8), ("p95_ms", "P95 MS", 8), ("ttft_p50_ms", "TTFT P50 MS", 11),
             ("decode_tps_p50", "DECODE TOK/S", 12), ("cache_hit_ratio", "CACHE HIT", 9),
-            ("queue_depth", "QUEUE", 5), ("rss_mb", "RSS MB", 7), ("errors", "ERRORS", 0))
+            ("queue_depth", "QUEUE", 5), ("rss_mb", "RSS MB", 7), ("restarts", "RESTARTS", 8),
+            ("errors", "ERRORS", 0))
 
 
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
@@ -97,13 +98,32 @@ def summarize(service: str, text: str) -> dict:
     }
 
 
+def _exposition(config: Config, name: str, timeout_s: float) -> str:
+    with Client.for_service(name, config, timeout_s=timeout_s) as client:
+        return client.request("metrics")["text"]
+
+
+def restarts_by_service(text: str) -> dict[str, int]:
+    """The watchdog's restarts per supervised service (all reasons), from its exposition."""
+    counts: dict[str, int] = defaultdict(int)
+    for labels, value in _samples(text).get("magnitude_restarts_total", []):
+        counts[labels["service"]] += int(value)
+    return counts
+
+
 def collect(config: Config, names: list[str], timeout_s: float) -> list[dict]:
-    """A row per service; one that does not answer is ``down`` with the reason."""
+    """A row per service; one that does not answer is ``down`` with the reason. Restarts come from the
+    watchdog's metrics (None when no watchdog answers)."""
+    try:
+        restarts = restarts_by_service(_exposition(config, WATCHDOG_NAME, timeout_s))
+    except ServiceError:
+        restarts = None
     rows = []
     for name in names:
         try:
-            with Client.for_service(name, config, timeout_s=timeout_s) as client:
-                rows.append(summarize(name, client.request("metrics")["text"]))
+            row = summarize(name, _exposition(config, name, timeout_s))
+            row["restarts"] = None if restarts is None else restarts.get(name, 0)
+            rows.append(row)
         except ServiceError as err:
             rows.append({"service": name, "status": "down", "error": f"{err.code}: {err.message}"})
     return rows

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from magnitude.client import Client, ServiceError
 from magnitude.prompts import gemma_prompt
-from magnitude.stats_cli import histogram_quantile, summarize
+from magnitude.stats_cli import histogram_quantile, restarts_by_service, summarize
 from shared.config import ConfigError, parse_config
 from shared.metrics import metrics_for
 from tests.conftest import ServiceProcess, write_config
@@ -63,6 +63,15 @@ def test_a_row_is_summarized_from_a_real_exposition():
     assert 25 <= row["ttft_p50_ms"] <= 50 and 30 <= row["decode_tps_p50"] <= 50
     assert row["cache_hit_ratio"] == 0.5 and row["rss_mb"] > 1
     assert m.totals() == {"requests": 6, "errors": 1, "deduplicated": 0}
+
+
+def test_restarts_come_from_the_watchdogs_counter_summed_over_reasons():
+    m = metrics_for("watchdog", 1, queue_depth=lambda: 0, running=lambda: 0, uptime_s=lambda: 1.0)
+    restarts = m.counter("restarts_total", "Service restarts by the watchdog.", ["service", "reason"])
+    restarts.labels("tools", "dead").inc()
+    restarts.labels("tools", "hung").inc()
+    restarts.labels("inference", "memory").inc()
+    assert restarts_by_service(m.exposition()["text"]) == {"tools": 2, "inference": 1}
 
 
 def test_metrics_ports_default_to_base_plus_index_and_are_validated():
