@@ -36,6 +36,7 @@ from shared import shm
 from shared.config import Config
 from shared.logs import configure_logging
 from shared.security import CurveServer, needs_curve
+from shared.telemetry import NullTelemetry, Telemetry
 from shared.protocol import (
     MESSAGES,
     PROTOCOL_VERSION,
@@ -71,6 +72,7 @@ class Job:
     header: list[bytes]  # ROUTER routing frames, sent back unchanged
     request: Request
     received_at: float
+    started_at: float | None = None  # when a worker took it off the queue
 
 
 class Service:
@@ -101,6 +103,7 @@ class Service:
         self._errors = 0
         self._ctx = zmq.Context.instance()
         self._curve: CurveServer | None = None
+        self.telemetry = self.make_telemetry()
 
     # --- to be used / overridden by subclasses -------------------------------------------
     def handle(self, msg_type: str, handler: Handler) -> None:
@@ -114,6 +117,12 @@ class Service:
 
     def close(self) -> None:
         """Release resources after the loop has stopped."""
+
+    def make_telemetry(self) -> Telemetry:
+        """Where this service's samples go: the optimizer (which overrides this: it must not report to itself)."""
+        if not self.config.engine.self_optimize:
+            return NullTelemetry()
+        return Telemetry.for_service(self.name, self.config, queue_depth=self._jobs.qsize)
 
     # --- the loop ------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
@@ -162,6 +171,7 @@ class Service:
                    for i in range(self.workers)]
         for w in workers:
             w.start()
+        self.telemetry.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
         self.log.info("service_started", endpoint=self.endpoint, pid=os.getpid(), shm_orphans_removed=len(removed),
@@ -190,6 +200,7 @@ class Service:
         while replies.poll(100):  # forward what the workers sent last
             self._forward(frontend, replies.recv_multipart())
         self.log.info("service_stopping", drained=self._jobs.empty(), requests=self._requests)
+        self.telemetry.stop()
         self.shm_pool.close()
         self.close()
         frontend.close()
@@ -265,9 +276,11 @@ class Service:
     def next_job(self, timeout_s: float | None) -> Job | None:
         """The next queued request (waiting up to ``timeout_s``; None = don't wait), or None."""
         try:
-            return self._jobs.get(timeout=timeout_s) if timeout_s else self._jobs.get_nowait()
+            job = self._jobs.get(timeout=timeout_s) if timeout_s else self._jobs.get_nowait()
         except queue.Empty:
             return None
+        job.started_at = time.monotonic()
+        return job
 
     def idle_and_stopping(self) -> bool:
         return self._stopping.is_set() and self._jobs.empty()
@@ -300,9 +313,10 @@ class Service:
             self.send_frame(job, out, kind, encode_reply(req.id, kind, body))
         return send
 
-    @staticmethod
-    def send_frame(job: Job, out: zmq.Socket, kind: str, payload: bytes) -> None:
+    def send_frame(self, job: Job, out: zmq.Socket, kind: str, payload: bytes) -> None:
         out.send_multipart([msgpack.packb([job.request.session, job.request.id, kind])] + job.header + [payload])
+        if kind != "event":
+            self.telemetry.request_done(job.request.type, job.received_at, job.started_at, kind, payload)
 
     def fail(self, job: Job, out: zmq.Socket, exc: Exception) -> None:
         """The typed error reply for a failed job; unexpected exceptions are logged as handler bugs."""

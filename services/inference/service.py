@@ -112,6 +112,7 @@ class InferenceService(Service):
         self.log.info("generate", session=job.request.session, request_id=job.request.id,
                       **{k: v for k, v in result.items() if k != "text"})
         self.replier(job, out)("ok", result)
+        self.telemetry.report(dict(result, text=None, type="generation", session=job.request.session, ok=True))
 
     def _prompt(self, req: Request) -> str:
         if "prompt_shm" in req.body:
