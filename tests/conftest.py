@@ -62,10 +62,11 @@ def require_model() -> None:
 
 
 class ServiceProcess:
-    """A service started as its own process, the way the launcher does."""
+    """A service started as its own process, the way the launcher does (``module``: a stand-in's module)."""
 
-    def __init__(self, name: str, config_path: Path, config: Config, curve=None):
+    def __init__(self, name: str, config_path: Path, config: Config, curve=None, module: str | None = None):
         self.name, self.config_path, self.config, self.curve = name, config_path, config, curve
+        self.module = module or f"services.{name}"
         self.endpoint = config.runtime.endpoint(name)
         self.log = config_path.with_suffix(f".{name}.log")
         self.proc: subprocess.Popen | None = None
@@ -73,7 +74,7 @@ class ServiceProcess:
     def start(self, wait_s: float = 60) -> "ServiceProcess":
         from magnitude.client import Client, ServiceError
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}", "--config", str(self.config_path)],
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, "--config", str(self.config_path)],
                                      stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), env=env)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:

@@ -149,6 +149,7 @@ class Policy:
         self.kept_this_pass = False
         self.decisions: list[Decision] = []
         self.settings_id: str | None = None  # the engine's id for what it runs now
+        self.awaiting_apply = False  # target() changed; samples until applied() ran under the old settings
         self.window = Window()
 
     # --- what the engine should run -------------------------------------------------------
@@ -165,6 +166,7 @@ class Policy:
             if engine_settings.get(knob) is not None:
                 self.incumbent.setdefault(knob, engine_settings[knob])  # knobs never set by us: the engine's own value
         self.settings_id = settings_id
+        self.awaiting_apply = False
         warmup = self.config.rebuild_warmup_samples if reloaded else self.config.warmup_samples
         self.window = Window(warmup_left=warmup)
 
@@ -178,6 +180,7 @@ class Policy:
         else:
             self._record("*", self.incumbent, dict(self.overrides), False, 0.0, f"engine refused: {reason}")
             self.incumbent, self.reference, self.phase = dict(self.overrides), None, "measuring"
+        self.awaiting_apply = True
 
     def restart_window(self) -> None:
         """Forget the current window (e.g. it was disturbed by thermal relief)."""
@@ -194,7 +197,7 @@ class Policy:
     def add(self, sample: dict) -> bool:
         """Take one generation sample; True when ``target()`` changed and must be applied."""
         sid = sample.get("settings_id")
-        if sid and self.settings_id and sid != self.settings_id:
+        if self.awaiting_apply or (sid and self.settings_id and sid != self.settings_id):
             return False  # ran under earlier settings
         if self.window.warmup_left > 0:
             self.window.warmup_left -= 1
@@ -206,7 +209,8 @@ class Policy:
         prof = profile(self.window.samples)
         getattr(self, f"_after_{self.phase}")(prof)
         self.window = Window()
-        return self.target() != before
+        self.awaiting_apply = self.target() != before
+        return self.awaiting_apply
 
     # --- the state machine ------------------------------------------------------------------
     def _after_measuring(self, prof: Profile) -> None:
