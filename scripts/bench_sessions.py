@@ -23,12 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from magnitude import launcher  # noqa: E402
-from magnitude.client import Client  # noqa: E402
-from magnitude.prompts import gemma_prompt  # noqa: E402
-from shared.config import dump_config, parse_config  # noqa: E402
+from _bench import start_inference, stop
+from magnitude.client import Client
+from magnitude.prompts import gemma_prompt
 
 SYSTEM = (
     "You are the task planner of a household robot. You can use these tools: "
@@ -66,17 +63,6 @@ def median_at(stats: list[list[dict]], step: int, key: str) -> float:
     return statistics.median(conv[step][key] for conv in stats)
 
 
-def start_service(home: Path, slots: int, n_ctx: int) -> tuple:
-    config = parse_config({"engine": {"session_slots": slots, "n_ctx": n_ctx},
-                           "runtime": {"runtime_dir": str(home / f"run{slots}"), "queue_size": 8}})
-    path = home / f"bench-{slots}.yaml"
-    path.write_text(dump_config(config))
-    status = launcher.start(config, "inference", str(path), progress=lambda m: print(m, file=sys.stderr))
-    if not status.healthy:
-        sys.exit(f"inference did not start: {status.error}")
-    return config, Client(config.runtime.endpoint("inference"), timeout_s=300)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=10)
@@ -89,7 +75,7 @@ def main() -> int:
         for slots, modes in ((4, {"stateless": [None], "session": ["solo"],
                                   "4 interleaved": ["a", "b", "c", "d"]}),
                              (2, {"4 on 2 slots": ["pa", "pb", "pc", "pd"]})):
-            config, client = start_service(Path(tmp), slots, args.n_ctx)
+            config, client = start_inference(Path(tmp), str(slots), {"session_slots": slots, "n_ctx": args.n_ctx})
             try:
                 client.generate("warm up", None, max_tokens=1)
                 for mode, sessions in modes.items():
@@ -97,8 +83,7 @@ def main() -> int:
                           file=sys.stderr, flush=True)
                     results[mode] = run(client, sessions, args.steps, args.max_tokens)
             finally:
-                client.close()
-                launcher.stop(config, "inference")
+                stop(config, client)
 
     modes = list(results)
     print(f"\nTTFT (s) and total (s) per step; median over each mode's conversations; "

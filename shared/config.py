@@ -44,6 +44,15 @@ class EngineConfig(_Section):
     kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"
     session_slots: int = Field(4, ge=1, le=64, description="sessions whose KV stays resident in the context")
     session_cache_mb: int = Field(256, ge=0, le=65536, description="RAM for parked session KV states")
+    spec_draft_tokens: int = Field(0, ge=0, le=32, description="prompt-lookup draft tokens per decode step "
+                                                                "(speculative decoding); 0 = off")
+    spec_ngram_size: int = Field(2, ge=1, le=8, description="tokens matched to find a draft in the context")
+    decode_pause_ms: int = Field(0, ge=0, le=1000, description="sleep between decode steps (thermal relief)")
+    models: dict[str, Path] = Field(default_factory=dict, description="more GGUF models by name, loadable on "
+                                                                      "demand; model_path is named 'default'")
+    max_models: int = Field(2, ge=1, le=16, description="models resident at once (model slots)")
+    models_memory_mb: int = Field(4096, ge=64, le=1 << 20, description="budget for resident models: weights "
+                                                                       "and KV; the least recently used goes")
     self_optimize: bool = True
     optimization_window: int = Field(50, ge=5, le=10000, description="requests per optimizer decision")
     default_max_tokens: int = Field(256, ge=1, le=32768)

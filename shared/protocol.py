@@ -96,6 +96,7 @@ MESSAGES: dict[str, MessageSpec] = {
             "stop": Field(list, max_len=16),
             "stream": Field(bool),
             "grammar": Field(str, max_len=1 << 18),
+            "model": Field(str, max_len=64),
         },
         streams=True,
         doc="Complete a prompt. With a session, the KV cache of its earlier steps is reused.",
@@ -106,6 +107,19 @@ MESSAGES: dict[str, MessageSpec] = {
         "inference",
         {"text": Field(str, required=True, max_len=1 << 20)},
         doc="Token ids of a text under the model's tokenizer.",
+    ),
+    "model.list": MessageSpec("inference", doc="Configured models, which are resident, their memory, the default."),
+    "model.load": MessageSpec(
+        "inference", {"name": Field(str, required=True, max_len=64)},
+        doc="Make a configured model resident (unloading the least recently used idle one if needed): 'load_ms'.",
+    ),
+    "model.unload": MessageSpec(
+        "inference", {"name": Field(str, required=True, max_len=64)},
+        doc="Free a resident model's memory: 'unloaded' bool. Refused (busy) while it generates.",
+    ),
+    "model.switch": MessageSpec(
+        "inference", {"name": Field(str, required=True, max_len=64)},
+        doc="Make a model the default for requests that name none, loading it if needed: 'switch_ms'.",
     ),
     # --- memory: the embedding and retrieval services -------------------------------------
     "embed": MessageSpec(

@@ -9,6 +9,8 @@ sequence, prefills only the new tokens in chunks, then samples token by token.
 from __future__ import annotations
 
 import ctypes
+import hashlib
+import json
 import os
 import threading
 import time
@@ -16,8 +18,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import llama_cpp
+import numpy as np
 import psutil
 from llama_cpp import _internals
+from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from shared.config import EngineConfig
 from shared.protocol import ErrorCode, ProtocolError
@@ -26,6 +30,21 @@ from services.inference.sessions import Acquired, SessionTable, Slot
 from services.inference.text_stream import TextStream
 
 _KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
+
+#: Settings the optimizer may change while the service runs (``engine.configure``). Hot ones take
+#: effect at the next decode step; the others size the llama.cpp context, so changing them rebuilds it.
+HOT_SETTINGS = ("n_threads", "prefill_chunk_size", "spec_draft_tokens", "decode_pause_ms")
+REBUILD_SETTINGS = ("max_batch_size", "kv_cache_type")
+TUNABLE_SETTINGS = HOT_SETTINGS + REBUILD_SETTINGS
+
+
+def settings_id(settings: dict) -> str:
+    """A short stable name for a set of settings, so telemetry and feedback can be grouped by it."""
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def default_threads() -> int:
+    return psutil.cpu_count(logical=False) or os.cpu_count() or 1
 
 
 @llama_cpp.llama_log_callback
@@ -70,7 +89,6 @@ def common_prefix_len(a: list[int], b: list[int]) -> int:
 class Engine:
     def __init__(self, cfg: EngineConfig):
         _init_backend()
-        self.cfg = cfg
         path = cfg.resolved_model_path()
         if not path.is_file():
             raise FileNotFoundError(f"model file {path} not found (run scripts/setup, or set engine.model_path)")
@@ -78,7 +96,16 @@ class Engine:
         mparams = _internals.LlamaModel.default_params()
         mparams.use_mmap = True  # weights stay in the page cache, shared by every process mapping the file
         self.model = _internals.LlamaModel(path_model=str(path), params=mparams, verbose=False)
-        self.n_threads = cfg.n_threads or psutil.cpu_count(logical=False) or os.cpu_count() or 1
+        self.model_name = self.model.metadata().get("general.name", path.stem)
+        self.max_batch_seen = 0  # most generations decoded in one step so far
+        self.cfg = cfg
+        self._batch = None
+        self._open_context()
+
+    def _open_context(self) -> None:
+        """The llama.cpp context (one sequence per session slot), its batch and its session table."""
+        cfg = self.cfg
+        self.n_threads = cfg.n_threads or default_threads()
         cparams = llama_cpp.llama_context_default_params()
         cparams.n_ctx = cfg.n_ctx * cfg.session_slots
         cparams.n_seq_max = cfg.session_slots
@@ -94,17 +121,45 @@ class Engine:
         self.ctx = _internals.LlamaContext(model=self.model, params=cparams, verbose=False)
         self._batch = llama_cpp.llama_batch_init(cfg.max_batch_size, 0, 1)
         self.sessions = SessionTable(cfg.session_slots, cfg.session_cache_mb * 2**20, self)
-        self.model_name = self.model.metadata().get("general.name", path.stem)
-        self.max_batch_seen = 0  # most generations decoded in one step so far
         #: generations one decode step can carry: one token each, in a batch of max_batch_size
         self.max_parallel = min(cfg.session_slots, cfg.max_batch_size)
+        self.memory_bytes = self.model.size() + llama_cpp.llama_state_get_size(self.ctx.ctx)
 
-    def close(self) -> None:
+    def _close_context(self) -> None:
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
         self.ctx.close()
+
+    def close(self) -> None:
+        self._close_context()
         self.model.close()
+
+    def busy(self) -> bool:
+        return any(slot.busy for slot in self.sessions.slots)
+
+    def settings(self) -> dict:
+        """The tunable settings in force (n_threads resolved to the count actually used)."""
+        current = {name: getattr(self.cfg, name) for name in TUNABLE_SETTINGS}
+        current["n_threads"] = self.n_threads
+        return current
+
+    def reconfigure(self, cfg: EngineConfig) -> bool:
+        """Apply new settings; rebuild the context when its size or KV type changes (True then).
+
+        A rebuild forgets every session's cached KV (their next step prefills again), so the caller
+        must only do it between requests."""
+        rebuild = any(getattr(cfg, name) != getattr(self.cfg, name) for name in REBUILD_SETTINGS)
+        if rebuild and self.busy():
+            raise ProtocolError(ErrorCode.BUSY, "cannot rebuild the context while a request is generating")
+        self.cfg = cfg
+        if rebuild:
+            self._close_context()
+            self._open_context()
+        else:
+            self.n_threads = cfg.n_threads or default_threads()
+            llama_cpp.llama_set_n_threads(self.ctx.ctx, self.n_threads, self.n_threads)
+        return rebuild
 
     # --- KvOps for SessionTable ------------------------------------------------------------
     def save_seq(self, seq_id: int) -> bytes:
@@ -187,35 +242,67 @@ class Engine:
         return g
 
     def step(self, generations: list["Generation"]) -> None:
-        """Decode the pending token of every unfinished generation in one batch, then sample each one's next."""
+        """Decode the pending token of every unfinished generation in one batch, then sample each one's next.
+
+        With ``spec_draft_tokens`` on, each generation also carries draft tokens looked up in its own
+        context (prompt-lookup decoding: agent output often repeats what it has seen); the model checks
+        them all in the same decode, and each draft that matches what the sampler picks is a token
+        gained without a decode step of its own."""
         active = [g for g in generations if not g.done]
         if not active:
             return
         self.max_batch_seen = max(self.max_batch_seen, len(active))
+        room = self.cfg.max_batch_size - len(active)  # batch cells left for drafts
         batch = self._batch
-        batch.n_tokens = len(active)
-        for i, g in enumerate(active):
-            batch.token[i] = g.pending
-            batch.pos[i] = len(g.slot.tokens)
-            batch.n_seq_id[i] = 1
-            batch.seq_id[i][0] = g.slot.seq_id
-            batch.logits[i] = 1
+        plan: list[tuple[Generation, int, list[int]]] = []  # generation, its first batch index, its drafts
+        n = 0
+        for g in active:
+            drafts = self._draft(g, min(room, g.max_tokens - g.generated - 1))
+            room -= len(drafts)
+            plan.append((g, n, drafts))
+            pos = len(g.slot.tokens)
+            for i, tok in enumerate([g.pending] + drafts):
+                batch.token[n] = tok
+                batch.pos[n] = pos + i
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = g.slot.seq_id
+                batch.logits[n] = 1
+                n += 1
+        batch.n_tokens = n
         rc = llama_cpp.llama_decode(self.ctx.ctx, batch)
         if rc != 0:
             for g in active:
                 g.finish(self.sessions, "error")
             raise ProtocolError(ErrorCode.INTERNAL, f"llama_decode failed (rc={rc}; KV cache full?)")
-        for i, g in enumerate(active):
+        for g, first, drafts in plan:
             g.slot.tokens.append(g.pending)
-            self._sample_next(g, i)
+            g.drafted += len(drafts)
+            for i in range(len(drafts) + 1):
+                tok = self._sample_next(g, first + i)
+                if g.done or i == len(drafts) or tok != drafts[i]:
+                    break
+                g.slot.tokens.append(tok)  # the draft was right: its KV is already in place
+                g.accepted += 1
+            if drafts:  # drop the KV of rejected drafts (and of any past where the generation ended)
+                llama_cpp.llama_memory_seq_rm(self.ctx.memory, g.slot.seq_id, len(g.slot.tokens), -1)
 
-    def _sample_next(self, g: "Generation", batch_index: int) -> None:
+    def _draft(self, g: "Generation", limit: int) -> list[int]:
+        """Up to ``spec_draft_tokens`` tokens that followed the latest n-gram the last time it occurred."""
+        k = min(self.cfg.spec_draft_tokens, limit)
+        if k <= 0:
+            return []
+        history = np.array(g.slot.tokens + [g.pending], dtype=np.intc)
+        lookup = LlamaPromptLookupDecoding(max_ngram_size=self.cfg.spec_ngram_size, num_pred_tokens=k)
+        return [int(t) for t in lookup(history)]
+
+    def _sample_next(self, g: "Generation", batch_index: int) -> int:
+        """Sample, stream and account one token; it becomes the pending one unless the generation ends."""
         tok = g.sampler.sample(batch_index)
         if g.ttft is None:
             g.ttft = time.perf_counter() - g.t_start
         if llama_cpp.llama_vocab_is_eog(self.model.vocab, tok):
             g.finish(self.sessions, "eos")
-            return
+            return tok
         g.generated += 1
         g.emit(g.stream.feed(self.token_bytes(tok)))
         if g.stream.stopped:
@@ -224,6 +311,7 @@ class Engine:
             g.finish(self.sessions, "length")
         else:
             g.pending = tok
+        return tok
 
     def generate(self, prompt: str, session: str | None, params: GenerateParams,
                  on_text: Callable[[str], None] | None = None) -> dict:
@@ -249,11 +337,15 @@ class Generation:
     cached: int = 0
     generated: int = 0
     pending: int = -1  # sampled, not yet decoded
+    drafted: int = 0  # speculative draft tokens proposed
+    accepted: int = 0  # ... and confirmed by the model
     ttft: float | None = None
     prefill_s: float = 0.0
     t_decode: float = 0.0
     t_end: float = 0.0
     stop_reason: str | None = None
+    model: str = ""  # the pool's name for the model (set by the service)
+    model_load_ms: float = 0.0  # time spent loading that model for this request (0 when resident)
 
     @property
     def done(self) -> bool:
@@ -287,4 +379,6 @@ class Generation:
             "prefill_tps": round(prefill / self.prefill_s, 1) if self.prefill_s > 0 else None,
             "decode_tps": round(self.generated / decode_s, 1) if self.generated and decode_s > 0 else None,
             "total_s": round(total_s, 4),
+            "draft_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
         }
