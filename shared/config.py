@@ -222,10 +222,6 @@ class MemoryConfig(_Section):
         return self.embedding_model_path or magnitude_home() / "models" / DEFAULT_EMBEDDING_MODEL_FILE
 
 
-#: The engine knobs ``engine.configure`` accepts (shared.protocol); the optimizer tunes these.
-KNOBS = ("n_threads", "prefill_chunk_size", "spec_draft_tokens", "decode_pause_ms", "max_batch_size", "kv_cache_type")
-
-
 class TunableSettings(_Section):
     """A set of engine knob values (None = leave as the engine has it); validated like engine.configure."""
 
@@ -234,11 +230,16 @@ class TunableSettings(_Section):
     spec_draft_tokens: int | None = Field(None, ge=0, le=32, description="prompt-lookup draft length, 0 = off (hot)")
     decode_pause_ms: int | None = Field(None, ge=0, le=1000, description="sleep between decode steps (hot)")
     max_batch_size: int | None = Field(None, ge=16, le=4096, description="llama.cpp n_batch (rebuilds the context)")
-    kv_cache_type: Literal["f16", "q8_0"] | None = Field(None, description="KV cache type (rebuilds the context)")
+    kv_cache_type: Literal["f16", "q8_0", "q4_0"] | None = Field(None, description="KV cache type (rebuilds the "
+                                                                            "context)")
 
     def given(self) -> dict[str, Any]:
         """Only the knobs that have a value."""
         return self.model_dump(exclude_none=True)
+
+
+#: The engine knobs ``engine.configure`` accepts (the inference side's TUNABLE_SETTINGS); the optimizer tunes these.
+KNOBS = tuple(TunableSettings.model_fields)
 
 
 class ThermalConfig(_Section):

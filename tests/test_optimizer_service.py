@@ -222,3 +222,44 @@ def test_telemetry_batches_reach_the_optimizer_and_are_dropped_when_it_is_absent
     absent.report({"type": "x"})
     absent.flush(ctx.socket(zmq.DEALER))
     assert absent.dropped == 1 and absent.sent == 0
+
+
+@pytest.mark.model
+def test_real_stack_restart_restores_the_dumped_strategy(home):
+    """Must show (issue 5): the strategy restored after stopping and starting optimizer and inference equals
+    the dump, and the real engine runs it again."""
+    from tests.conftest import make_config, require_model
+    require_model()
+    config = make_config(home)
+    path = write_config(home, config)
+    inference, optimizer = ServiceProcess("inference", path, config), ServiceProcess("optimizer", path, config)
+    learned = {"n_threads": 1, "prefill_chunk_size": 128, "spec_draft_tokens": 4}
+    inference.start()
+    optimizer.start()
+    try:
+        ask(optimizer, "strategy.set", {"strategy": {"format": "magnitude-strategy", "version": 1, "settled": True,
+                                                     "settings": learned}})
+        wait_for(lambda: all(ask(inference, "health")["settings"][k] == v for k, v in learned.items()),
+                 what="the strategy on the engine")
+        with Client(inference.endpoint, timeout_s=60) as c:  # telemetry of a real generate reaches the optimizer
+            c.generate("The robot moved to the", session_id="run-1", max_tokens=12, temperature=0)
+        wait_for(lambda: ask(optimizer, "optimizer.advice", session="run-1")["start_tps"], what="telemetry")
+        wait_for(lambda: ask(optimizer, "optimizer.status")["settings_id"], what="the configure reply")
+        dumped = ask(optimizer, "strategy.get")["strategy"]
+    finally:
+        optimizer.stop()
+        inference.stop()
+    inference.start()
+    optimizer.start()
+    try:
+        health = wait_for(lambda: (h := ask(inference, "health"))["settings_id"] == dumped["settings_id"] and h,
+                          what="the restored strategy on the restarted engine")
+        assert {k: health["settings"][k] for k in learned} == learned
+        wait_for(lambda: ask(optimizer, "optimizer.status")["settings_id"], what="the configure reply")
+        restored = ask(optimizer, "strategy.get")["strategy"]
+        for doc in (dumped, restored):
+            doc.pop("saved_at")
+        assert restored == dumped
+    finally:
+        optimizer.stop()
+        inference.stop()
