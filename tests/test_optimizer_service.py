@@ -263,3 +263,34 @@ def test_real_stack_restart_restores_the_dumped_strategy(home):
     finally:
         optimizer.stop()
         inference.stop()
+
+
+def test_strategy_cli_dump_restore_show(home):
+    import subprocess
+    import sys
+    from tests.conftest import REPO
+    config, _, optimizer = make_stack(home)
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-m", "magnitude.cli", "--config", str(optimizer.config_path),
+                               "strategy", *args], capture_output=True, text=True, cwd=REPO, timeout=60)
+    down = cli("show")
+    assert down.returncode == 1 and "unavailable" in down.stderr and "magnitude up" in down.stderr
+    optimizer.start()
+    try:
+        saved = home / "saved.json"
+        saved.write_text(json.dumps({"format": "magnitude-strategy", "version": 1,
+                                     "settings": {"spec_draft_tokens": 8}}))
+        restored = cli("restore", str(saved))
+        assert restored.returncode == 0, restored.stderr
+        dumped = cli("dump", "--out", str(home / "dump.json"))
+        assert dumped.returncode == 0, dumped.stderr
+        assert json.loads((home / "dump.json").read_text())["settings"]["spec_draft_tokens"] == 8
+        shown = cli("show")
+        assert shown.returncode == 0 and "spec_draft_tokens" in shown.stdout and "phase" in shown.stdout
+        bad = home / "bad.json"
+        bad.write_text(json.dumps({"format": "magnitude-strategy", "version": 1, "settings": {"n_threads": 0}}))
+        refused = cli("restore", str(bad))
+        assert refused.returncode == 1 and "settings.n_threads" in refused.stderr
+    finally:
+        optimizer.stop()
