@@ -31,8 +31,9 @@ from magnitude import launcher  # noqa: E402
 from magnitude.client import Client  # noqa: E402
 from shared.config import dump_config, parse_config  # noqa: E402
 
+#: ~600 tokens under the Gemma 3 tokenizer (with the report line around it).
 LOG = "".join(f"t={i * 1.5:.1f}s lidar front={1.2 + i % 7 * 0.1:.2f}m left={0.8 + i % 5 * 0.1:.2f}m "
-              f"battery={97 - i // 3}% motor_temp={41 + i % 4}C state=patrolling\n" for i in range(30))
+              f"battery={97 - i // 3}% motor_temp={41 + i % 4}C state=patrolling\n" for i in range(15))
 TOOL_LOG = "Agent log. Each line is one tool call.\n" + "".join(
     f'{{"step": {i}, "tool": "move_to", "args": {{"room": "{room}", "speed": "slow"}}, "status": "ok"}}\n'
     for i, room in enumerate(["kitchen", "hallway", "bedroom", "bathroom", "office", "garage"], 1))

@@ -111,20 +111,9 @@ def test_strategy_restored_after_a_full_restart_equals_the_dump(home):
     try:
         ask(optimizer, "strategy.set", {"strategy": wanted})
         wait_for(lambda: ask(inference, "health")["settings"]["spec_draft_tokens"] == 8, what="the pushed strategy")
+        in_sync(inference, optimizer)
         dumped = ask(optimizer, "strategy.get")["strategy"]
-    finally:
-        optimizer.stop()
-        inference.stop()
-    inference.start()
-    optimizer.start()
-    try:
-        health = wait_for(lambda: (h := ask(inference, "health"))["configures"] and h, what="the push after start")
-        assert {k: health["settings"][k] for k in wanted["settings"]} == wanted["settings"]
-        wait_for(lambda: ask(optimizer, "optimizer.status")["settings_id"], what="the configure reply")
-        restored = ask(optimizer, "strategy.get")["strategy"]
-        for doc in (dumped, restored):
-            doc.pop("saved_at")
-        assert restored == dumped  # settings_id included: the engine runs exactly the dumped settings
+        full_restart_restores(inference, optimizer, dumped, wanted["settings"])
         assert ask(optimizer, "optimizer.status")["phase"] == "settled"  # no warm-up exploration
         # inference alone restarts: the optimizer notices its new pid and pushes the strategy again
         inference.stop()
@@ -136,6 +125,26 @@ def test_strategy_restored_after_a_full_restart_equals_the_dump(home):
     finally:
         optimizer.stop()
         inference.stop()
+
+
+def in_sync(inference: ServiceProcess, optimizer: ServiceProcess) -> None:
+    """Wait until the optimizer has the reply of its last configure: it knows the settings_id the engine runs."""
+    wait_for(lambda: ask(optimizer, "optimizer.status")["settings_id"] == ask(inference, "health")["settings_id"],
+             what="the configure reply")
+
+
+def full_restart_restores(inference: ServiceProcess, optimizer: ServiceProcess, dumped: dict, learned: dict):
+    """Stop and start both processes: the engine runs the dumped settings again, and strategy.get equals the dump."""
+    optimizer.stop()
+    inference.stop()
+    inference.start()
+    optimizer.start()
+    health = wait_for(lambda: (h := ask(inference, "health"))["settings_id"] == dumped["settings_id"] and h,
+                      what="the restored strategy on the restarted engine")
+    assert {k: health["settings"][k] for k in learned} == learned
+    in_sync(inference, optimizer)
+    restored = ask(optimizer, "strategy.get")["strategy"]
+    assert {**restored, "saved_at": None} == {**dumped, "saved_at": None}
 
 
 def test_a_corrupt_strategy_file_is_rejected_and_the_service_starts_healthy(home):
@@ -244,22 +253,9 @@ def test_real_stack_restart_restores_the_dumped_strategy(home):
         with Client(inference.endpoint, timeout_s=60) as c:  # telemetry of a real generate reaches the optimizer
             c.generate("The robot moved to the", session_id="run-1", max_tokens=12, temperature=0)
         wait_for(lambda: ask(optimizer, "optimizer.advice", session="run-1")["start_tps"], what="telemetry")
-        wait_for(lambda: ask(optimizer, "optimizer.status")["settings_id"], what="the configure reply")
+        in_sync(inference, optimizer)
         dumped = ask(optimizer, "strategy.get")["strategy"]
-    finally:
-        optimizer.stop()
-        inference.stop()
-    inference.start()
-    optimizer.start()
-    try:
-        health = wait_for(lambda: (h := ask(inference, "health"))["settings_id"] == dumped["settings_id"] and h,
-                          what="the restored strategy on the restarted engine")
-        assert {k: health["settings"][k] for k in learned} == learned
-        wait_for(lambda: ask(optimizer, "optimizer.status")["settings_id"], what="the configure reply")
-        restored = ask(optimizer, "strategy.get")["strategy"]
-        for doc in (dumped, restored):
-            doc.pop("saved_at")
-        assert restored == dumped
+        full_restart_restores(inference, optimizer, dumped, learned)
     finally:
         optimizer.stop()
         inference.stop()
