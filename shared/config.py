@@ -1,7 +1,8 @@
 """One YAML file configures the whole stack; every value has a default that runs.
 
 Sections: ``engine`` (the chat model and how it runs), ``agent`` (tools, loop
-limits), ``runtime`` (where sockets, data and logs live; queue and frame limits).
+limits), ``runtime`` (where sockets, data and logs live; queue and frame limits),
+``memory`` (embedding, retrieval, context budget), ``metrics`` (Prometheus endpoints).
 ``load_config`` raises ``ConfigError`` naming each bad value and why.
 """
 
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -29,6 +30,12 @@ def magnitude_home() -> Path:
 
 class ConfigError(ValueError):
     """A configuration file that cannot be used, with one line per problem."""
+
+
+def _require_known_services(names) -> None:
+    for name in names:
+        if name not in SERVICE_NAMES:
+            raise ValueError(f"unknown service {name!r} (known: {', '.join(SERVICE_NAMES)})")
 
 
 class _Section(BaseModel):
@@ -169,9 +176,8 @@ class RuntimeConfig(_Section):
     @field_validator("endpoints")
     @classmethod
     def _endpoints_are_zmq(cls, v: dict[str, str]) -> dict[str, str]:
+        _require_known_services(v)
         for name, url in v.items():
-            if name not in SERVICE_NAMES:
-                raise ValueError(f"unknown service {name!r} (known: {', '.join(SERVICE_NAMES)})")
             if not url.startswith(("ipc://", "tcp://")):
                 raise ValueError(f"{name}: endpoint must start with ipc:// or tcp://, got {url!r}")
         return v
@@ -277,6 +283,31 @@ class OptimizerConfig(_Section):
     strategy_path: Path | None = Field(None, description="learned strategy file; default DATA_DIR/strategy.json")
     persist_interval_s: float = Field(60.0, gt=0, description="the strategy is also saved this often")
     thermal: ThermalConfig = Field(default_factory=ThermalConfig)
+class MetricsConfig(_Section):
+    """Each service's Prometheus text endpoint (the ``metrics`` message works whatever this says)."""
+
+    enabled: bool = Field(True, description="serve /metrics over HTTP from every service")
+    host: str = Field("127.0.0.1", min_length=1,
+                      description="address the HTTP endpoints bind; they have no auth, so keep it loopback "
+                                  "unless the network is private")
+    base_port: int = Field(9464, ge=0, le=65536 - len(SERVICE_NAMES),
+                           description="service i in SERVICE_NAMES order gets base_port + i; "
+                                       "0 = an ephemeral port each (health's metrics_url says which)")
+    ports: dict[str, Annotated[int, Field(ge=0, le=65535)]] = Field(
+        default_factory=dict, description="per-service override, e.g. {inference: 9100}; 0 = ephemeral")
+
+    @field_validator("ports")
+    @classmethod
+    def _ports_are_for_services(cls, v: dict[str, int]) -> dict[str, int]:
+        _require_known_services(v)
+        return v
+
+    def port(self, service: str) -> int:
+        if service in self.ports:
+            return self.ports[service]
+        if self.base_port == 0 or service not in SERVICE_NAMES:
+            return 0
+        return self.base_port + SERVICE_NAMES.index(service)
 
 
 class Config(_Section):
@@ -285,6 +316,7 @@ class Config(_Section):
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
 
 def _describe(err: ValidationError) -> str:

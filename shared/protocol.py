@@ -220,6 +220,9 @@ MESSAGES: dict[str, MessageSpec] = {
         doc="For the session in the envelope: 'compress' true once its decode speed fell below "
             "optimizer.compress_below of its start.",
     ),
+    # --- operations: every service's figures, answered by the service loop like health ------
+    "metrics": MessageSpec("*", doc="The service's Prometheus metrics: 'text' (text exposition format) and "
+                                    "'content_type'."),
 }
 
 

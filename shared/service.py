@@ -1,7 +1,7 @@
 """The process skeleton every Magnitude service shares.
 
 One loop owns the ROUTER socket (ZeroMQ sockets are not thread-safe): it
-decodes each frame, answers ``health`` itself, and puts real work on a bounded
+decodes each frame, answers ``health`` and ``metrics`` itself, and puts real work on a bounded
 queue. A worker thread runs the handler and sends its replies back over an
 inproc PUSH socket; the loop forwards them to the client. So a long generation
 never blocks a health check, a full queue answers ``busy`` instead of growing,
@@ -14,6 +14,11 @@ Request ids are retry-safe: a request whose (session, id) is already running is
 not run again (the retry gets the same final reply), and the last successful
 replies are kept, so a client that lost a reply and retries gets it back
 without a second execution. This memory does not survive a restart.
+
+Each final reply is recorded in ``self.metrics`` (``shared.metrics``): by type,
+error code and latency; they are served over HTTP (``metrics:`` config) and
+as the ``metrics`` message. Each request a worker finishes is also reported to the
+optimizer as a telemetry sample (``self.telemetry``, ``shared.telemetry``).
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ import zmq
 from shared import shm
 from shared.config import Config
 from shared.logs import configure_logging
+from shared.metrics import INVALID_TYPE, metrics_for
 from shared.security import CurveServer, needs_curve
 from shared.telemetry import NullTelemetry, Telemetry
 from shared.protocol import (
@@ -94,13 +100,15 @@ class Service:
         self._running_lock = threading.Lock()
         self._stopping = threading.Event()
         self._started = time.monotonic()
-        self._requests = 0
-        self._deduplicated = 0
         # (session, id) -> routing headers of retries waiting for the same running request
         self._inflight: dict[tuple, list[list[bytes]]] = {}
         self._done: OrderedDict[tuple, bytes] = OrderedDict()  # (session, id) -> final ok reply frame
         self._done_bytes = 0
-        self._errors = 0
+        self.metrics = metrics_for(self.name, os.getpid(), queue_depth=self._jobs.qsize,
+                                   running=lambda: self._running_jobs,
+                                   uptime_s=lambda: time.monotonic() - self._started)
+        #: Answered by the loop itself, never queued behind real work.
+        self._inline: dict[str, Callable[[], dict]] = {"health": self.health, "metrics": self.metrics.exposition}
         self._ctx = zmq.Context.instance()
         self._curve: CurveServer | None = None
         self.telemetry = self.make_telemetry()
@@ -136,10 +144,9 @@ class Service:
             "rss_mb": round(rss / 2**20, 1),
             "queue_depth": self._jobs.qsize(),
             "running": self._running_jobs,
-            "requests": self._requests,
-            "errors": self._errors,
-            "deduplicated": self._deduplicated,
+            **self.metrics.totals(),
             "stopping": self._stopping.is_set(),
+            "metrics_url": self.metrics.url,
             **self.health_details(),
         }
 
@@ -162,9 +169,20 @@ class Service:
         sock.bind(self.endpoint)
         return sock
 
+    def _serve_metrics(self) -> None:
+        """Start the HTTP /metrics endpoint if configured; a taken port costs the endpoint, not the service."""
+        cfg = self.config.metrics
+        if not cfg.enabled:
+            return
+        try:
+            self.log.info("metrics_serving", url=self.metrics.serve_http(cfg.host, cfg.port(self.name)))
+        except OSError as err:
+            self.log.warning("metrics_http_failed", host=cfg.host, port=cfg.port(self.name), error=str(err))
+
     def run(self) -> None:
         removed = shm.sweep_orphans()
         frontend = self._bind()
+        self._serve_metrics()
         replies = self._ctx.socket(zmq.PULL)
         replies.bind(_REPLY_INPROC)
         workers = [threading.Thread(target=self._work, name=f"{self.name}-worker-{i}", daemon=True)
@@ -199,7 +217,8 @@ class Service:
             w.join(timeout=5)
         while replies.poll(100):  # forward what the workers sent last
             self._forward(frontend, replies.recv_multipart())
-        self.log.info("service_stopping", drained=self._jobs.empty(), requests=self._requests)
+        self.log.info("service_stopping", drained=self._jobs.empty(), **self.metrics.totals())
+        self.metrics.close()
         self.telemetry.stop()
         self.shm_pool.close()
         self.close()
@@ -215,49 +234,56 @@ class Service:
         if len(frames) < 2:
             return  # not from a DEALER/REQ peer; nothing to route a reply to
         header, payload = frames[:-1], frames[-1]
-        self._requests += 1
+        received_at = time.monotonic()
         try:
             req = decode_request(payload, max_frame_bytes=self.config.runtime.max_frame_bytes,
-                                 handled=set(self._handlers) | self.scheduled | {"health"})
+                                 handled=set(self._handlers) | self.scheduled | set(self._inline))
         except ProtocolError as err:
-            self._errors += 1
             self.log.warning("bad_request", code=err.code, error=err.message)
+            self.metrics.observe_request(INVALID_TYPE, time.monotonic() - received_at, err.code)
             frontend.send_multipart(header + [encode_error(err.request_id, err.code, err.message)])
             return
-        if req.type == "health":
-            frontend.send_multipart(header + [encode_reply(req.id, "ok", self.health())])
+        if req.type in self._inline:
+            reply = encode_reply(req.id, "ok", self._inline[req.type]())
+            self.metrics.observe_request(req.type, time.monotonic() - received_at)
+            frontend.send_multipart(header + [reply])
             return
         if self._stopping.is_set():
+            self.metrics.observe_request(req.type, time.monotonic() - received_at, ErrorCode.SHUTTING_DOWN)
             frontend.send_multipart(header + [encode_error(req.id, ErrorCode.SHUTTING_DOWN,
                                                            f"{self.name} is shutting down")])
             return
         key = (req.session, req.id)
         if key in self._done:
-            self._deduplicated += 1
+            self.metrics.deduplicated.inc()
             frontend.send_multipart(header + [self._done[key]])
             return
         if key in self._inflight:
-            self._deduplicated += 1
+            self.metrics.deduplicated.inc()
             self._inflight[key].append(header)
             return
         try:
-            self._jobs.put_nowait(Job(header, req, time.monotonic()))
+            self._jobs.put_nowait(Job(header, req, received_at))
             self._inflight[key] = []
         except queue.Full:
-            self._errors += 1
+            self.metrics.observe_request(req.type, time.monotonic() - received_at, ErrorCode.BUSY)
             frontend.send_multipart(header + [encode_error(
                 req.id, ErrorCode.BUSY, f"{self.name} queue is full ({self._jobs.maxsize}); retry later")])
 
     def _forward(self, frontend: zmq.Socket, frames: list[bytes]) -> None:
         """Send a worker's reply to its client; a final one also to waiting retries, and remember an ok.
 
-        Workers prefix each reply with a frame ``[session, id, kind]`` for this bookkeeping.
+        Workers prefix each reply with a frame ``[session, id, kind, type, received_at, error code]``
+        for this bookkeeping.
         """
-        session, request_id, kind = msgpack.unpackb(frames[0])
+        session, request_id, kind, msg_type, received_at, code = msgpack.unpackb(frames[0])
         payload = frames[-1]
-        frontend.send_multipart(frames[1:])
         if kind == "event":
+            frontend.send_multipart(frames[1:])
             return
+        # Counted before it leaves, so a client holding the reply finds it in the metrics.
+        self.metrics.observe_request(msg_type, time.monotonic() - received_at, code)
+        frontend.send_multipart(frames[1:])
         key = (session, request_id)
         for header in self._inflight.pop(key, []):
             frontend.send_multipart(header + [payload])
@@ -313,21 +339,22 @@ class Service:
             self.send_frame(job, out, kind, encode_reply(req.id, kind, body))
         return send
 
-    def send_frame(self, job: Job, out: zmq.Socket, kind: str, payload: bytes) -> None:
-        out.send_multipart([msgpack.packb([job.request.session, job.request.id, kind])] + job.header + [payload])
+    def send_frame(self, job: Job, out: zmq.Socket, kind: str, payload: bytes, code: str | None = None) -> None:
+        req = job.request
+        bookkeeping = msgpack.packb([req.session, req.id, kind, req.type, job.received_at, code])
+        out.send_multipart([bookkeeping] + job.header + [payload])
         if kind != "event":
-            self.telemetry.request_done(job.request.type, job.received_at, job.started_at, kind, payload)
+            self.telemetry.request_done(req.type, job.received_at, job.started_at, code)
 
     def fail(self, job: Job, out: zmq.Socket, exc: Exception) -> None:
         """The typed error reply for a failed job; unexpected exceptions are logged as handler bugs."""
-        self._errors += 1
         if isinstance(exc, ProtocolError):
             code, message = exc.code, exc.message
         else:
             self.log.error("handler_failed", type=job.request.type, request_id=job.request.id,
                            exc_info=(type(exc), exc, exc.__traceback__))
             code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"
-        self.send_frame(job, out, "error", encode_error(job.request.id, code, message))
+        self.send_frame(job, out, "error", encode_error(job.request.id, code, message), code)
 
     def run_job(self, job: Job, out: zmq.Socket) -> None:
         send = self.replier(job, out)

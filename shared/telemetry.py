@@ -16,7 +16,6 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Callable
 
-import msgpack
 import psutil
 import zmq
 
@@ -61,12 +60,11 @@ class Telemetry:
             self._buffer.append(sample)
 
     def request_done(self, request_type: str, received_at: float, started_at: float | None,
-                     kind: str, payload: bytes) -> None:
-        """The generic sample of one finished request: latency, queue wait, ok or error code."""
+                     code: str | None) -> None:
+        """The generic sample of one finished request: latency, queue wait, ok (no error code) or the code."""
         now = time.monotonic()
-        code = msgpack.unpackb(payload, raw=False).get("error", {}).get("code") if kind == "error" else None
         self.report({"type": request_type, "latency_s": round(now - received_at, 6),
-                     "queue_wait_s": round((started_at or now) - received_at, 6), "ok": kind == "ok", "code": code})
+                     "queue_wait_s": round((started_at or now) - received_at, 6), "ok": code is None, "code": code})
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"{self.service}-telemetry", daemon=True)

@@ -46,6 +46,7 @@ def make_config(home: Path, **engine) -> Config:
     return parse_config({
         "engine": {"model_path": str(MODEL_PATH), "n_ctx": 2048, "session_slots": 2, **engine},
         "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data"), "queue_size": 4},
+        "metrics": {"base_port": 0},  # ephemeral /metrics ports: parallel test runs never collide
     })
 
 

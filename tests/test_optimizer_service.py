@@ -34,6 +34,7 @@ def make_stack(home: Path, **optimizer):
     config = parse_config({
         "engine": {"optimization_window": WINDOW},
         "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data")},
+        "metrics": {"enabled": False},
         "optimizer": {"warmup_samples": 0, "rebuild_warmup_samples": 0,
                       "thermal": {"sysfs_root": str(home / "sys")}, **optimizer},
     })

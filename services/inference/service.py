@@ -177,6 +177,7 @@ class InferenceService(Service):
         result.update(model=g.model, model_load_ms=g.model_load_ms, settings_id=settings_id(settings))
         self.log.info("generate", session=job.request.session, request_id=job.request.id,
                       **{k: v for k, v in result.items() if k != "text"})
+        self.metrics.observe_generation(result)
         self.replier(job, out)("ok", result)
         self.telemetry.report(dict(result, text=None, type="generation", session=job.request.session, ok=True))
 
