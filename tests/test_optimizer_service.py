@@ -291,3 +291,30 @@ def test_strategy_cli_dump_restore_show(home):
         assert refused.returncode == 1 and "settings.n_threads" in refused.stderr
     finally:
         optimizer.stop()
+
+
+def test_thermal_relief_reaches_the_engine_and_is_undone(home):
+    from tests.test_thermal import FakeBoard
+    board = FakeBoard(home / "sys", cores=2)
+    board.at(0)
+    _, inference, optimizer = make_stack(home, thermal={"sysfs_root": str(home / "sys"), "check_interval_s": 0.2,
+                                                        "cool_checks": 2, "max_steps": 1})
+    inference.start()
+    optimizer.start()
+    try:
+        wait_for(lambda: ask(inference, "health")["configures"], what="the startup push")
+        board.at(301)  # the clock halves
+        eased = wait_for(lambda: (s := ask(inference, "health")["settings"])["decode_pause_ms"] == 20 and s,
+                         what="thermal relief on the engine")
+        assert eased["n_threads"] == 1  # one thread fewer than the stand-in's 2
+        status = ask(optimizer, "optimizer.status")
+        assert status["relief_level"] == 1 and status["thermal"]["throttled"]
+        board.at(0)  # cooled down
+        restored = wait_for(lambda: (s := ask(inference, "health")["settings"])["decode_pause_ms"] == 0 and s,
+                            what="relief undone")
+        assert restored["n_threads"] == 2
+        log = optimizer.log.read_text()
+        assert "thermal_throttle" in log and "thermal_relief_eased" in log
+    finally:
+        optimizer.stop()
+        inference.stop()

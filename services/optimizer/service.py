@@ -207,28 +207,34 @@ class OptimizerService(Service):
     # --- the controller thread ------------------------------------------------------------
     def _control_loop(self) -> None:
         inference = Client.for_service("inference", self.config, timeout_s=120.0)
-        next_apply = next_thermal = next_probe = 0.0
-        last_persist = time.monotonic()
+        due = {"apply": 0.0, "thermal": 0.0, "probe": 0.0, "last_persist": time.monotonic()}
         while not self._stopping.is_set():
-            self._ingest(timeout_s=0.5)
-            now = time.monotonic()
-            if now >= next_thermal and self.config.optimizer.thermal.enabled:
-                self._check_thermal()
-                next_thermal = now + self.config.optimizer.thermal.check_interval_s
-            if now >= next_probe:
-                self._probe_inference(inference)
-                next_probe = now + _HEALTH_PROBE_S
-            with self._lock:
-                wanted = self.relief.adjust(self.policy.target())
-                needs_apply = self._applied is None or any(self._applied.get(k) != v for k, v in wanted.items())
-            if needs_apply and now >= next_apply:
-                if not self._apply(inference, wanted):
-                    next_apply = now + _RETRY_APPLY_S
-            with self._lock:
-                if self._dirty or now - last_persist > self.config.optimizer.persist_interval_s:
-                    self._persist()
-                    last_persist = now
+            try:
+                self._control_step(inference, due)
+            except Exception:  # a bug here must not end tuning for the life of the process
+                self.log.error("controller_failed", exc_info=True)
+                self._stopping.wait(1.0)
         inference.close()
+
+    def _control_step(self, inference: Client, due: dict[str, float]) -> None:
+        """One turn: ingest samples, read the board, notice an inference restart, apply, persist."""
+        self._ingest(timeout_s=0.5)
+        now = time.monotonic()
+        if now >= due["thermal"] and self.config.optimizer.thermal.enabled:
+            self._check_thermal()
+            due["thermal"] = now + self.config.optimizer.thermal.check_interval_s
+        if now >= due["probe"]:
+            self._probe_inference(inference)
+            due["probe"] = now + _HEALTH_PROBE_S
+        with self._lock:
+            wanted = self.relief.adjust(self.policy.target())
+            needs_apply = self._applied is None or any(self._applied.get(k) != v for k, v in wanted.items())
+        if needs_apply and now >= due["apply"] and not self._apply(inference, wanted):
+            due["apply"] = now + _RETRY_APPLY_S
+        with self._lock:
+            if self._dirty or now - due["last_persist"] > self.config.optimizer.persist_interval_s:
+                self._persist()
+                due["last_persist"] = now
 
     def _ingest(self, timeout_s: float) -> None:
         """Feed queued samples to the policy and the signals."""
@@ -256,7 +262,9 @@ class OptimizerService(Service):
             alert = self.alarm.add(service, float(sample["latency_s"]))
             if alert:
                 self.log.warning("latency_alert", **alert)
-            if service == "inference" and kind == "generate" and self.relief.level == 0:
+            strategy_failure = sample.get("code") == ErrorCode.INTERNAL  # not the client's bad_request or busy
+            if service == "inference" and kind == "generate" and self.relief.level == 0 and (
+                    sample.get("ok") or strategy_failure):
                 self.policy.outcome(bool(sample.get("ok")))
         elif kind == "generation":  # the inference result of one finished generate
             self.speeds.add(sample.get("session"), int(sample.get("completion_tokens") or 0), sample.get("decode_tps"))
@@ -275,8 +283,7 @@ class OptimizerService(Service):
             self._thermal = reading.as_dict()
             change = self.relief.observe(reading)
             if change > 0:
-                self.log.warning("thermal_throttle", level=self.relief.level, reason=reading.reason,
-                                 **reading.as_dict())
+                self.log.warning("thermal_throttle", level=self.relief.level, **reading.as_dict())
             elif change < 0:
                 self.log.info("thermal_relief_eased", level=self.relief.level, **reading.as_dict())
                 if self.relief.level == 0:
