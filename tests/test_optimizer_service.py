@@ -89,6 +89,7 @@ def test_tunes_one_knob_at_a_time_and_keeps_what_helps(home):
         final = ask(inference, "health")
         assert final["settings"]["spec_draft_tokens"] >= 4 and final["settings"]["n_threads"] == 2
         assert status["settings_id"] == final["settings_id"]
+        assert status["processes"]["inference"]["rss_mb"] > 0  # the stand-in's own telemetry thread reports
         for change in final["configures"][1:]:  # one knob under trial at a time, besides the kept drafting
             assert len({k for k, v in change.items() if DEFAULTS[k] != v} - {"spec_draft_tokens"}) <= 1, change
         assert json.loads(optimizer_strategy_file(config).read_text())["settings"]["spec_draft_tokens"] >= 4

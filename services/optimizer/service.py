@@ -78,6 +78,7 @@ class OptimizerService(Service):
         self._inference_pid: int | None = None
         self._dirty = False
         self._thermal: dict[str, Any] | None = None
+        self._processes: dict[str, dict] = {}  # service -> its latest process figures (pid, RSS, CPU%, queue)
         restored = strategy_file.load(self.strategy_path, self.log)
         if restored is not None:
             self._restore(restored)
@@ -143,7 +144,8 @@ class OptimizerService(Service):
     def _telemetry(self, req: Request, emit: Emitter) -> dict:
         service, pid = req.body["service"], req.body.get("pid")
         accepted = 0
-        for sample in [*(req.body.get("samples") or []), {"type": "_system", **(req.body.get("system") or {})}]:
+        system = req.body.get("system")
+        for sample in [*(req.body.get("samples") or []), *([{"type": "_system", **system}] if system else [])]:
             if not isinstance(sample, dict):
                 raise ProtocolError(ErrorCode.BAD_REQUEST, "every telemetry sample must be a map")
             try:
@@ -172,7 +174,7 @@ class OptimizerService(Service):
         with self._lock:
             return {**self.policy.status(), "applied": self._applied, "settings_id": self._applied_id,
                     "inference_pid": self._inference_pid, "thermal": self._thermal,
-                    "relief_level": self.relief.level}
+                    "relief_level": self.relief.level, "processes": dict(self._processes)}
 
     def _advice(self, req: Request, emit: Emitter) -> dict:
         if not req.session:
@@ -258,7 +260,9 @@ class OptimizerService(Service):
                 self._applied = None  # a fresh process runs its config defaults: push the strategy again
             self._inference_pid = pid
         kind = sample.get("type")
-        if "latency_s" in sample:  # the generic sample every service loop reports
+        if kind == "_system":
+            self._processes[service] = {"pid": pid, **{k: v for k, v in sample.items() if k != "type"}}
+        elif "latency_s" in sample:  # the generic sample every service loop reports
             alert = self.alarm.add(service, float(sample["latency_s"]))
             if alert:
                 self.log.warning("latency_alert", **alert)
@@ -295,7 +299,7 @@ class OptimizerService(Service):
         except ServiceError:
             return
         with self._lock:
-            self._take_sample("inference", pid, {"type": "_system"})
+            self._take_sample("inference", pid, {"type": "_probe"})
 
     def _apply(self, inference: Client, wanted: dict[str, Any]) -> bool:
         """Send ``wanted`` to inference; True once it confirmed."""
