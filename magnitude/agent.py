@@ -17,7 +17,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generator
 
-from magnitude.client import AsyncClient, Client, ServiceError
+from magnitude.client import AsyncClient, Client, Retry, ServiceError
 from magnitude.prompts import gemma_turn
 from magnitude.toolcall import ActionError, ActionParser, action_grammar
 from shared import shm
@@ -184,8 +184,10 @@ def _tool_output(body: dict) -> str:
 class _AgentBase:
     client_cls: type = Client
 
-    def __init__(self, config: Config | None = None, timeout_s: float = 300.0):
+    def __init__(self, config: Config | None = None, timeout_s: float = 300.0, retry: Retry | None = None):
+        """``retry``: re-send each generate and tool call on transient failures (e.g. a service restart)."""
         self.config = config or load_config()
+        self.retry = retry
         self.inference = self.client_cls.for_service("inference", self.config, timeout_s=timeout_s)
         self.tools = self.client_cls.for_service("tools", self.config, timeout_s=timeout_s)
 
@@ -205,14 +207,15 @@ class Agent(_AgentBase):
 
     def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None,
             grammar: bool | None = None) -> Trace:
-        tools = self.tools.request("tool.list")["tools"]
+        tools = self.tools.request("tool.list", retry=self.retry)["tools"]
         gen, session_id, op = self._start(tools, goal, session_id, max_iterations, grammar)
         while op[0] != "done":
             try:
                 if op[0] == "generate":
-                    value = self.inference.generate(op[1], session_id, **op[2])
+                    value = self.inference.generate(op[1], session_id, retry=self.retry, **op[2])
                 else:
-                    value = _tool_output(self.tools.request("tool.call", {"tool": op[1], "args": op[2]}, session_id))
+                    value = _tool_output(self.tools.request("tool.call", {"tool": op[1], "args": op[2]}, session_id,
+                                                            retry=self.retry))
             except ServiceError as err:
                 value = err
             op = _advance(gen, value)
@@ -226,14 +229,15 @@ class AsyncAgent(_AgentBase):
 
     async def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None,
                   grammar: bool | None = None) -> Trace:
-        tools = (await self.tools.request("tool.list"))["tools"]
+        tools = (await self.tools.request("tool.list", retry=self.retry))["tools"]
         gen, session_id, op = self._start(tools, goal, session_id, max_iterations, grammar)
         while op[0] != "done":
             try:
                 if op[0] == "generate":
-                    value = await self.inference.generate(op[1], session_id, **op[2])
+                    value = await self.inference.generate(op[1], session_id, retry=self.retry, **op[2])
                 else:
-                    body = await self.tools.request("tool.call", {"tool": op[1], "args": op[2]}, session_id)
+                    body = await self.tools.request("tool.call", {"tool": op[1], "args": op[2]}, session_id,
+                                                    retry=self.retry)
                     value = _tool_output(body)
             except ServiceError as err:
                 value = err
