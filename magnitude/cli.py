@@ -10,7 +10,7 @@ import time
 from magnitude import agent_cli, launcher, memory_cli, stats_cli, strategy_cli
 from magnitude.client import Client, GenerateResult, ServiceError
 from magnitude.prompts import gemma_prompt
-from shared.config import SERVICE_NAMES, ConfigError, dump_config, load_config
+from shared.config import SERVICE_NAMES, WATCHDOG_NAME, ConfigError, dump_config, load_config
 
 
 def _print_health(statuses: list[launcher.ServiceStatus], as_json: bool) -> int:
@@ -22,6 +22,7 @@ def _print_health(statuses: list[launcher.ServiceStatus], as_json: bool) -> int:
             if s.healthy:
                 d = s.detail
                 extra = f" model={d['model']}" if "model" in d else ""
+                extra += f" restarts={d['restarts']}" if "restarts" in d else ""
                 print(f"{s.name:<12} healthy  pid={d.get('pid')} uptime={d.get('uptime_s')}s "
                       f"rss={d.get('rss_mb')}MB queue={d.get('queue_depth')}{extra}")
             else:
@@ -120,10 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                     "(logs and sockets in runtime.run_dir, default ~/.cache/magnitude/run).")
     parser.add_argument("--config", help="YAML config (default: $MAGNITUDE_CONFIG, else built-in defaults)")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("up", help="start every service and wait until healthy").set_defaults(fn=cmd_up)
-    sub.add_parser("down", help="stop every service (drains in-flight requests)").set_defaults(fn=cmd_down)
+    sub.add_parser("up", help="start every service (then the watchdog) and wait until healthy").set_defaults(fn=cmd_up)
+    sub.add_parser("down", help="stop the watchdog, then every service (drains in-flight requests)").set_defaults(fn=cmd_down)
     p = sub.add_parser("health", help="check every service; exit 1 if any is unhealthy")
-    p.add_argument("--service", action="append", choices=SERVICE_NAMES, help="only this service (repeatable)")
+    p.add_argument("--service", action="append", choices=(*SERVICE_NAMES, WATCHDOG_NAME), help="only this service (repeatable)")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait per service (default 5)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(fn=cmd_health)

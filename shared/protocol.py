@@ -223,6 +223,11 @@ MESSAGES: dict[str, MessageSpec] = {
     # --- operations: every service's figures, answered by the service loop like health ------
     "metrics": MessageSpec("*", doc="The service's Prometheus metrics: 'text' (text exposition format) and "
                                     "'content_type'."),
+    # --- the watchdog: supervision of the other services -----------------------------------
+    "watchdog.status": MessageSpec(
+        "watchdog",
+        doc="Per supervised service: state, pid, restarts, last restart reason and time, current backoff.",
+    ),
 }
 
 

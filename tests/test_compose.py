@@ -41,9 +41,13 @@ def test_healthchecks_call_the_health_script_for_their_own_service():
 
 def test_volumes_are_declared_and_config_exists():
     declared = set(COMPOSE["volumes"])
-    for svc in COMPOSE["services"].values():
+    for name, svc in COMPOSE["services"].items():
         for mount in svc.get("volumes", []):
-            assert mount.split(":")[0] in declared
+            source = mount.split(":")[0]
+            if source.startswith("/"):  # the one host path: the docker socket, for the watchdog only
+                assert (name, source) == ("watchdog", "/var/run/docker.sock"), mount
+            else:
+                assert source in declared
     assert (REPO / "Dockerfile").is_file()
     dockerfile = (REPO / "Dockerfile").read_text()
     for line in dockerfile.splitlines():

@@ -1,0 +1,167 @@
+"""How the watchdog sees and restarts a service: local processes, or compose containers through the docker API.
+
+Both answer the same few questions (is it running, how much memory, start it,
+restart it, give it priority), so the supervisor's logic is the same for both.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+
+from magnitude import launcher
+from services.watchdog.priority import pin_process, renice_process
+from shared.config import Config
+
+DOCKER_SOCKET = Path("/var/run/docker.sock")
+SERVICE_LABEL = "com.docker.compose.service"
+PROJECT_LABEL = "com.docker.compose.project"
+
+
+class BackendError(RuntimeError):
+    """A service the backend cannot find or act on (logged by the supervisor, retried next beat)."""
+
+
+class Backend(Protocol):
+    kind: str
+
+    def pid(self, name: str) -> int | None:
+        """The service's pid while it runs; None when it is not running."""
+
+    def memory_mb(self, name: str) -> float | None:
+        """What the service uses now (RSS, or the container's usage), None if unknown."""
+
+    def start(self, name: str) -> None:
+        """Start a service that is not running; returns at once, the heartbeat sees it come up."""
+
+    def restart(self, name: str, hard: bool) -> None:
+        """Restart a running service: ``hard`` kills at once (it is hung), else it drains first."""
+
+    def set_nice(self, name: str, nice: int) -> None:
+        """Give the service this nice value (PermissionError / NotImplementedError when it cannot)."""
+
+    def pin(self, name: str, cpus: set[int]) -> None:
+        """Restrict the service to these CPUs."""
+
+
+class LocalBackend:
+    """Services as local processes with pid files (``magnitude.launcher``); restarted ones are our children."""
+
+    kind = "local"
+
+    def __init__(self, config: Config, config_path: str | None):
+        self.config = config
+        self.config_path = config_path
+
+    def pid(self, name: str) -> int | None:
+        return launcher.read_pid(self.config, name)  # reaps our exited children; a zombie is not running
+
+    def memory_mb(self, name: str) -> float | None:
+        pid = self.pid(name)
+        try:
+            return psutil.Process(pid).memory_info().rss / 2**20 if pid else None
+        except psutil.Error:
+            return None
+
+    def start(self, name: str) -> None:
+        launcher.spawn(self.config, name, self.config_path)
+
+    def restart(self, name: str, hard: bool) -> None:
+        launcher.stop(self.config, name, timeout_s=0 if hard else 30.0)  # hard: SIGKILL at once, no drain
+        self.start(name)
+
+    def set_nice(self, name: str, nice: int) -> None:
+        pid = self.pid(name)
+        if pid:
+            renice_process(pid, nice)
+
+    def pin(self, name: str, cpus: set[int]) -> None:
+        pid = self.pid(name)
+        if pid:
+            pin_process(pid, cpus)
+
+
+class DockerBackend:
+    """Compose containers, found by their compose labels, through the docker SDK."""
+
+    kind = "docker"
+
+    def __init__(self, client: Any, project: str | None, stop_timeout_s: int = 30):
+        self.client = client
+        self.project = project
+        self.stop_timeout_s = stop_timeout_s
+
+    @classmethod
+    def from_env(cls, project: str | None) -> "DockerBackend":
+        """Connect through DOCKER_HOST or the mounted socket; the project defaults to our own container's."""
+        import docker  # only the docker backend needs the SDK and a socket
+
+        try:
+            client = docker.from_env()
+            client.ping()
+        except docker.errors.DockerException as err:
+            raise ValueError(f"watchdog.backend docker: cannot reach the docker API ({err})") from None
+        if project is None:
+            try:  # a container's hostname is its short id
+                project = client.containers.get(socket.gethostname()).labels.get(PROJECT_LABEL)
+            except docker.errors.DockerException:
+                project = None  # not in a compose container: match services of any project
+        return cls(client, project)
+
+    def _container(self, name: str) -> Any:
+        labels = [f"{SERVICE_LABEL}={name}"] + ([f"{PROJECT_LABEL}={self.project}"] if self.project else [])
+        found = self.client.containers.list(all=True, filters={"label": labels})
+        if not found:
+            raise BackendError(f"no container labelled {', '.join(labels)}")
+        return found[0]
+
+    def pid(self, name: str) -> int | None:
+        container = self._container(name)
+        if container.status != "running":
+            return None
+        return container.attrs["State"]["Pid"] or None
+
+    def memory_mb(self, name: str) -> float | None:
+        memory = self._container(name).stats(stream=False, one_shot=True).get("memory_stats") or {}
+        if "usage" not in memory:
+            return None
+        detail = memory.get("stats") or {}
+        # What `docker stats` shows: page cache that can be dropped is not counted (cgroup v2 / v1 names).
+        cache = detail.get("inactive_file", detail.get("total_inactive_file", detail.get("cache", 0)))
+        return (memory["usage"] - cache) / 2**20
+
+    def start(self, name: str) -> None:
+        container = self._container(name)
+        if container.status != "restarting":  # else docker's own restart policy is already bringing it back
+            container.start()
+
+    def restart(self, name: str, hard: bool) -> None:
+        container = self._container(name)
+        if hard:
+            container.kill()
+            container.start()
+        else:
+            container.restart(timeout=self.stop_timeout_s)
+
+    def set_nice(self, name: str, nice: int) -> None:
+        raise NotImplementedError("a container has no nice value; give inference more cpu_shares in compose.yaml")
+
+    def pin(self, name: str, cpus: set[int]) -> None:
+        self._container(name).update(cpuset_cpus=",".join(str(c) for c in sorted(cpus)))
+
+
+def in_container() -> bool:
+    return Path("/.dockerenv").exists() or Path("/run/.containerenv").exists()
+
+
+def make_backend(config: Config, config_path: str | None) -> Backend:
+    """``watchdog.backend``; auto is docker inside a container that has the docker socket, else local."""
+    kind = config.watchdog.backend
+    if kind == "auto":
+        kind = "docker" if in_container() and DOCKER_SOCKET.exists() else "local"
+    if kind == "docker":
+        return DockerBackend.from_env(config.watchdog.compose_project)
+    return LocalBackend(config, config_path)
