@@ -57,6 +57,17 @@ def write_config(home: Path, config: Config) -> Path:
     return path
 
 
+def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s:g}s: {what}")
+
+
 def require_model() -> None:
     if not MODEL_PATH.is_file():
         pytest.fail(f"model not assembled at {MODEL_PATH}; run scripts/setup")

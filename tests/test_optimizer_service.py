@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -17,7 +19,7 @@ import zmq
 from magnitude.client import Client
 from shared.config import parse_config
 from shared.telemetry import Telemetry
-from tests.conftest import ServiceProcess, write_config
+from tests.conftest import REPO, ServiceProcess, make_config, require_model, wait_for, write_config
 from tests.fake_inference import DEFAULTS
 
 WINDOW = 5
@@ -42,15 +44,6 @@ def make_stack(home: Path, **optimizer):
     inference = ServiceProcess("inference", path, config, module="tests.fake_inference")
     return config, inference, ServiceProcess("optimizer", path, config)
 
-
-def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def ask(svc: ServiceProcess, msg_type: str, body: dict | None = None, session: str | None = None) -> dict:
@@ -239,7 +232,6 @@ def test_telemetry_batches_reach_the_optimizer_and_are_dropped_when_it_is_absent
 def test_real_stack_restart_restores_the_dumped_strategy(home):
     """Must show (issue 5): the strategy restored after stopping and starting optimizer and inference equals
     the dump, and the real engine runs it again."""
-    from tests.conftest import make_config, require_model
     require_model()
     config = make_config(home)
     path = write_config(home, config)
@@ -264,9 +256,6 @@ def test_real_stack_restart_restores_the_dumped_strategy(home):
 
 
 def test_strategy_cli_dump_restore_show(home):
-    import subprocess
-    import sys
-    from tests.conftest import REPO
     config, _, optimizer = make_stack(home)
 
     def cli(*args):
