@@ -7,7 +7,7 @@ import json
 import sys
 import time
 
-from magnitude import agent_cli, launcher, memory_cli, stats_cli
+from magnitude import agent_cli, launcher, memory_cli, stats_cli, strategy_cli
 from magnitude.client import Client, GenerateResult, ServiceError
 from magnitude.prompts import gemma_prompt
 from shared.config import SERVICE_NAMES, WATCHDOG_NAME, ConfigError, dump_config, load_config
@@ -111,7 +111,7 @@ def cmd_config(args, config) -> int:
 
 
 #: Feature areas add their subcommands here: each is ``register(subparsers)``, setting ``fn(args, config)``.
-_COMMAND_GROUPS: list = [memory_cli.register, agent_cli.register, stats_cli.register]
+_COMMAND_GROUPS: list = [memory_cli.register, agent_cli.register, stats_cli.register, strategy_cli.register]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -231,6 +231,61 @@ class MemoryConfig(_Section):
         return self.embedding_model_path or magnitude_home() / "models" / DEFAULT_EMBEDDING_MODEL_FILE
 
 
+class TunableSettings(_Section):
+    """A set of engine knob values (None = leave as the engine has it); validated like engine.configure."""
+
+    n_threads: int | None = Field(None, ge=1, le=256, description="llama.cpp threads (hot)")
+    prefill_chunk_size: int | None = Field(None, ge=16, le=4096, description="prompt tokens per decode call (hot)")
+    spec_draft_tokens: int | None = Field(None, ge=0, le=32, description="prompt-lookup draft length, 0 = off (hot)")
+    decode_pause_ms: int | None = Field(None, ge=0, le=1000, description="sleep between decode steps (hot)")
+    max_batch_size: int | None = Field(None, ge=16, le=4096, description="llama.cpp n_batch (rebuilds the context)")
+    kv_cache_type: Literal["f16", "q8_0", "q4_0"] | None = Field(None, description="KV cache type (rebuilds the "
+                                                                            "context)")
+
+    def given(self) -> dict[str, Any]:
+        """Only the knobs that have a value."""
+        return self.model_dump(exclude_none=True)
+
+
+#: The engine knobs ``engine.configure`` accepts (the inference side's TUNABLE_SETTINGS); the optimizer tunes these.
+KNOBS = tuple(TunableSettings.model_fields)
+
+
+class ThermalConfig(_Section):
+    """When the board counts as throttling, and how the optimizer eases off (see shared/thermal.py)."""
+
+    enabled: bool = True
+    sysfs_root: Path = Field(Path("/sys"), description="where thermal_zone*/ and cpu*/cpufreq/ are read; "
+                                                         "a fake tree in tests")
+    freq_ratio_below: float = Field(0.75, gt=0, le=1, description="throttled when cur/max CPU frequency is below this")
+    trip_c: float = Field(85.0, gt=0, le=150, description="throttled when any thermal zone is above this (Celsius)")
+    check_interval_s: float = Field(5.0, gt=0, le=3600, description="seconds between sysfs readings")
+    cool_checks: int = Field(3, ge=1, le=1000, description="normal readings in a row before one relief step is undone")
+    pause_step_ms: int = Field(20, ge=1, le=1000, description="decode_pause_ms added per relief step")
+    max_steps: int = Field(4, ge=1, le=50, description="most relief steps (each: one thread fewer, one pause step more)")
+
+
+class OptimizerConfig(_Section):
+    """The self-optimizer (services/optimizer); the window size is engine.optimization_window."""
+
+    min_gain: float = Field(0.05, ge=0, lt=1, description="a trial is kept only if the window median improves "
+                                                           "by at least this share (hysteresis)")
+    warmup_samples: int = Field(2, ge=0, le=1000, description="samples discarded after a hot change")
+    rebuild_warmup_samples: int = Field(4, ge=0, le=1000, description="samples discarded after a context rebuild")
+    drift: float = Field(0.25, gt=0, le=10, description="a settled median this much worse re-starts exploration")
+    max_passes: int = Field(3, ge=1, le=100, description="exploration passes over the candidates before settling")
+    max_failure_increase: float = Field(0.1, ge=0, le=1, description="a trial whose failure rate exceeds the "
+                                                                      "incumbent's by more than this is rejected")
+    overrides: TunableSettings = Field(default_factory=TunableSettings,
+                                       description="fixed knob values: applied, never tuned")
+    compress_below: float = Field(0.5, gt=0, le=1, description="advise context compression once a session's decode "
+                                                                "speed falls below this share of its start")
+    p99_alert_s: float | None = Field(30.0, gt=0, description="log latency_alert when a window's p99 crosses this; "
+                                                              "null = off")
+    alert_interval_s: float = Field(300.0, ge=0, description="at most one latency_alert per service this often")
+    strategy_path: Path | None = Field(None, description="learned strategy file; default DATA_DIR/strategy.json")
+    persist_interval_s: float = Field(60.0, gt=0, description="the strategy is also saved this often")
+    thermal: ThermalConfig = Field(default_factory=ThermalConfig)
 class MetricsConfig(_Section):
     """Each service's Prometheus text endpoint (the ``metrics`` message works whatever this says)."""
 
@@ -305,6 +360,7 @@ class Config(_Section):
     agent: AgentConfig = Field(default_factory=AgentConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
 

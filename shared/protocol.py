@@ -204,6 +204,22 @@ MESSAGES: dict[str, MessageSpec] = {
             "context apply between requests (a planned reload, no request lost). Reply: the full 'settings', "
             "'reloaded' bool, 'settings_id'.",
     ),
+    # --- the optimizer: learned strategy, status, advice to agents -------------------------
+    "strategy.get": MessageSpec("optimizer", doc="The learned strategy document (as in strategy.json) and its path."),
+    "strategy.set": MessageSpec(
+        "optimizer",
+        {"strategy": Field(dict, required=True)},
+        doc="Restore a strategy document (validated like the file); it is persisted and pushed to inference.",
+    ),
+    "optimizer.status": MessageSpec(
+        "optimizer",
+        doc="Phase, load class, window fill, the trial under test, decisions so far, thermal state.",
+    ),
+    "optimizer.advice": MessageSpec(
+        "optimizer",
+        doc="For the session in the envelope: 'compress' true once its decode speed fell below "
+            "optimizer.compress_below of its start.",
+    ),
     # --- operations: every service's figures, answered by the service loop like health ------
     "metrics": MessageSpec("*", doc="The service's Prometheus metrics: 'text' (text exposition format) and "
                                     "'content_type'."),

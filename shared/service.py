@@ -17,7 +17,8 @@ without a second execution. This memory does not survive a restart.
 
 Each final reply is recorded in ``self.metrics`` (``shared.metrics``): by type,
 error code and latency; they are served over HTTP (``metrics:`` config) and
-as the ``metrics`` message.
+as the ``metrics`` message. Each request a worker finishes is also reported to the
+optimizer as a telemetry sample (``self.telemetry``, ``shared.telemetry``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ from shared.config import Config
 from shared.logs import configure_logging
 from shared.metrics import INVALID_TYPE, metrics_for
 from shared.security import CurveServer, needs_curve
+from shared.telemetry import NullTelemetry, Telemetry
 from shared.protocol import (
     MESSAGES,
     PROTOCOL_VERSION,
@@ -76,6 +78,7 @@ class Job:
     header: list[bytes]  # ROUTER routing frames, sent back unchanged
     request: Request
     received_at: float
+    started_at: float | None = None  # when a worker took it off the queue
 
 
 class Service:
@@ -108,6 +111,7 @@ class Service:
         self._inline: dict[str, Callable[[], dict]] = {"health": self.health, "metrics": self.metrics.exposition}
         self._ctx = zmq.Context.instance()
         self._curve: CurveServer | None = None
+        self.telemetry = self.make_telemetry()
 
     # --- to be used / overridden by subclasses -------------------------------------------
     def handle(self, msg_type: str, handler: Handler) -> None:
@@ -121,6 +125,12 @@ class Service:
 
     def close(self) -> None:
         """Release resources after the loop has stopped."""
+
+    def make_telemetry(self) -> Telemetry:
+        """Where this service's samples go: the optimizer (which overrides this: it must not report to itself)."""
+        if not self.config.engine.self_optimize:
+            return NullTelemetry()
+        return Telemetry.for_service(self.name, self.config, queue_depth=self._jobs.qsize)
 
     # --- the loop ------------------------------------------------------------------------
     def health(self) -> dict[str, Any]:
@@ -179,6 +189,7 @@ class Service:
                    for i in range(self.workers)]
         for w in workers:
             w.start()
+        self.telemetry.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
         self.log.info("service_started", endpoint=self.endpoint, pid=os.getpid(), shm_orphans_removed=len(removed),
@@ -208,6 +219,7 @@ class Service:
             self._forward(frontend, replies.recv_multipart())
         self.log.info("service_stopping", drained=self._jobs.empty(), **self.metrics.totals())
         self.metrics.close()
+        self.telemetry.stop()
         self.shm_pool.close()
         self.close()
         frontend.close()
@@ -290,9 +302,11 @@ class Service:
     def next_job(self, timeout_s: float | None) -> Job | None:
         """The next queued request (waiting up to ``timeout_s``; None = don't wait), or None."""
         try:
-            return self._jobs.get(timeout=timeout_s) if timeout_s else self._jobs.get_nowait()
+            job = self._jobs.get(timeout=timeout_s) if timeout_s else self._jobs.get_nowait()
         except queue.Empty:
             return None
+        job.started_at = time.monotonic()
+        return job
 
     def idle_and_stopping(self) -> bool:
         return self._stopping.is_set() and self._jobs.empty()
@@ -325,11 +339,12 @@ class Service:
             self.send_frame(job, out, kind, encode_reply(req.id, kind, body))
         return send
 
-    @staticmethod
-    def send_frame(job: Job, out: zmq.Socket, kind: str, payload: bytes, code: str | None = None) -> None:
+    def send_frame(self, job: Job, out: zmq.Socket, kind: str, payload: bytes, code: str | None = None) -> None:
         req = job.request
         bookkeeping = msgpack.packb([req.session, req.id, kind, req.type, job.received_at, code])
         out.send_multipart([bookkeeping] + job.header + [payload])
+        if kind != "event":
+            self.telemetry.request_done(req.type, job.received_at, job.started_at, code)
 
     def fail(self, job: Job, out: zmq.Socket, exc: Exception) -> None:
         """The typed error reply for a failed job; unexpected exceptions are logged as handler bugs."""

@@ -57,16 +57,28 @@ def write_config(home: Path, config: Config) -> Path:
     return path
 
 
+def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"not within {timeout_s:g}s: {what}")
+
+
 def require_model() -> None:
     if not MODEL_PATH.is_file():
         pytest.fail(f"model not assembled at {MODEL_PATH}; run scripts/setup")
 
 
 class ServiceProcess:
-    """A service started as its own process, the way the launcher does."""
+    """A service started as its own process, the way the launcher does (``module``: a stand-in's module)."""
 
-    def __init__(self, name: str, config_path: Path, config: Config, curve=None):
+    def __init__(self, name: str, config_path: Path, config: Config, curve=None, module: str | None = None):
         self.name, self.config_path, self.config, self.curve = name, config_path, config, curve
+        self.module = module or f"services.{name}"
         self.endpoint = config.runtime.endpoint(name)
         self.log = config_path.with_suffix(f".{name}.log")
         self.proc: subprocess.Popen | None = None
@@ -74,7 +86,7 @@ class ServiceProcess:
     def start(self, wait_s: float = 60) -> "ServiceProcess":
         from magnitude.client import Client, ServiceError
         env = dict(os.environ, PYTHONPATH=str(REPO))
-        self.proc = subprocess.Popen([sys.executable, "-m", f"services.{self.name}", "--config", str(self.config_path)],
+        self.proc = subprocess.Popen([sys.executable, "-m", self.module, "--config", str(self.config_path)],
                                      stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), env=env)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from magnitude import launcher
 from magnitude.client import Client, ServiceError
 from shared.config import SERVICE_NAMES, WATCHDOG_NAME, Config, dump_config, parse_config
-from tests.conftest import REPORT, make_config, require_model
+from tests.conftest import REPORT, make_config, require_model, wait_for
 from tests.test_launcher import magnitude
 
 pytestmark = pytest.mark.model
@@ -65,15 +65,6 @@ def watchdog_status(config: Config) -> dict:
     with Client.for_service(WATCHDOG_NAME, config, timeout_s=5) as client:
         return client.request("watchdog.status")["services"]
 
-
-def wait_for(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout_s:g}s: {what}")
 
 
 def healthy_pid(config: Config, name: str) -> int | None:

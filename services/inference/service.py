@@ -179,6 +179,7 @@ class InferenceService(Service):
                       **{k: v for k, v in result.items() if k != "text"})
         self.metrics.observe_generation(result)
         self.replier(job, out)("ok", result)
+        self.telemetry.report(dict(result, text=None, type="generation", session=job.request.session, ok=True))
 
     def _prompt(self, req: Request) -> str:
         if "prompt_shm" in req.body:

@@ -1,0 +1,131 @@
+"""Telemetry: every service reports per-request samples and process figures to the optimizer.
+
+``report(sample)`` only appends to a bounded buffer (never blocks the service
+loop). A background thread with its own DEALER socket sends a ``telemetry``
+batch about once a second, with the process's RSS, CPU% and queue depth. When
+the optimizer is absent (no ipc socket, or the socket's send queue is full) the
+batch is dropped and counted: telemetry must never cost a request.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, Callable
+
+import psutil
+import zmq
+
+from shared import security
+from shared.config import Config
+from shared.protocol import encode_request
+
+_BUFFER_SAMPLES = 4096
+_BATCH_SAMPLES = 1024
+_SEND_HWM = 4  # batches ZeroMQ may hold for a slow optimizer before we drop
+
+
+class Telemetry:
+    """Buffer and sender of one process's samples; ``NullTelemetry`` where there is nobody to tell."""
+
+    def __init__(self, service: str, endpoint: str, queue_depth: Callable[[], int] = lambda: 0,
+                 interval_s: float = 1.0, curve: tuple[Path, str] | None = None):
+        self.service, self.endpoint, self.queue_depth, self.interval_s = service, endpoint, queue_depth, interval_s
+        self.curve = curve  # (keys_dir, client key name) when the optimizer's endpoint requires CURVE
+        self._buffer: deque[dict] = deque(maxlen=_BUFFER_SAMPLES)
+        self._lock = threading.Lock()
+        self._ctx = zmq.Context.instance()
+        self._process = psutil.Process()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.sent = 0  # samples handed to ZeroMQ
+        self.dropped = 0  # samples lost: buffer overflow, or the optimizer absent
+
+    @classmethod
+    def for_service(cls, service: str, config: Config, queue_depth: Callable[[], int]) -> "Telemetry":
+        endpoint = config.runtime.endpoint("optimizer")
+        curve = ((config.runtime.resolved_keys_dir(), config.runtime.client_key)
+                 if security.needs_curve(config.runtime, endpoint) else None)
+        return cls(service, endpoint, queue_depth, curve=curve)
+
+    def report(self, sample: dict[str, Any]) -> None:
+        """Queue one sample (``ts`` is added); cheap and non-blocking."""
+        sample.setdefault("ts", time.time())
+        with self._lock:
+            if len(self._buffer) == self._buffer.maxlen:
+                self.dropped += 1
+            self._buffer.append(sample)
+
+    def request_done(self, request_type: str, received_at: float, started_at: float | None,
+                     code: str | None) -> None:
+        """The generic sample of one finished request: latency, queue wait, ok (no error code) or the code."""
+        now = time.monotonic()
+        self.report({"type": request_type, "latency_s": round(now - received_at, 6),
+                     "queue_wait_s": round((started_at or now) - received_at, 6), "ok": code is None, "code": code})
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"{self.service}-telemetry", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+
+    def _system(self) -> dict[str, Any]:
+        return {"rss_mb": round(self._process.memory_info().rss / 2**20, 1),
+                "cpu_percent": self._process.cpu_percent(None), "queue_depth": self.queue_depth(),
+                "telemetry_dropped": self.dropped}
+
+    def _take(self) -> list[dict]:
+        with self._lock:
+            batch = [self._buffer.popleft() for _ in range(min(_BATCH_SAMPLES, len(self._buffer)))]
+        return batch
+
+    def _run(self) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, _SEND_HWM)
+        if self.curve is not None:
+            security.apply_curve_client(sock, *self.curve)
+        sock.connect(self.endpoint)
+        try:
+            while not self._stop.wait(self.interval_s):
+                while sock.poll(0):  # acks are not needed; keep the receive queue empty
+                    sock.recv()
+                self.flush(sock)
+        finally:
+            sock.close(linger=0)
+
+    def flush(self, sock: zmq.Socket) -> None:
+        """Send what is buffered as one batch, or drop it when the optimizer is not there."""
+        batch = self._take()
+        frame = encode_request("telemetry", {"service": self.service, "pid": os.getpid(), "samples": batch,
+                                             "system": self._system()})
+        if self.endpoint.startswith("ipc://") and not Path(self.endpoint[len("ipc://"):]).exists():
+            self.dropped += len(batch)
+            return
+        try:
+            sock.send(frame, zmq.NOBLOCK)
+            self.sent += len(batch)
+        except zmq.Again:
+            self.dropped += len(batch)
+
+
+class NullTelemetry(Telemetry):
+    """For the optimizer itself (it must not report to itself) and where self-optimization is off."""
+
+    def __init__(self) -> None:
+        super().__init__("none", "inproc://none")
+
+    def report(self, sample: dict[str, Any]) -> None:
+        pass
+
+    def request_done(self, *args: Any) -> None:
+        pass
+
+    def start(self) -> None:
+        pass
