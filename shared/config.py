@@ -247,8 +247,10 @@ class TunableSettings(_Section):
         return self.model_dump(exclude_none=True)
 
 
-#: The engine knobs ``engine.configure`` accepts (the inference side's TUNABLE_SETTINGS); the optimizer tunes these.
+#: The engine knobs ``engine.configure`` accepts; the optimizer tunes these.
 KNOBS = tuple(TunableSettings.model_fields)
+#: Knobs that size the llama.cpp context: changing one rebuilds it (the others apply at the next decode step).
+REBUILD_KNOBS = ("max_batch_size", "kv_cache_type")
 
 
 class ThermalConfig(_Section):

@@ -23,19 +23,13 @@ import psutil
 from llama_cpp import _internals
 from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
-from shared.config import EngineConfig
+from shared.config import KNOBS, REBUILD_KNOBS, EngineConfig
 from shared.protocol import ErrorCode, ProtocolError
 from services.inference.sampling import TokenSampler
 from services.inference.sessions import Acquired, SessionTable, Slot
 from services.inference.text_stream import TextStream
 
 _KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
-
-#: Settings the optimizer may change while the service runs (``engine.configure``). Hot ones take
-#: effect at the next decode step; the others size the llama.cpp context, so changing them rebuilds it.
-HOT_SETTINGS = ("n_threads", "prefill_chunk_size", "spec_draft_tokens", "decode_pause_ms")
-REBUILD_SETTINGS = ("max_batch_size", "kv_cache_type")
-TUNABLE_SETTINGS = HOT_SETTINGS + REBUILD_SETTINGS
 
 
 def settings_id(settings: dict) -> str:
@@ -140,7 +134,7 @@ class Engine:
 
     def settings(self) -> dict:
         """The tunable settings in force (n_threads resolved to the count actually used)."""
-        current = {name: getattr(self.cfg, name) for name in TUNABLE_SETTINGS}
+        current = {name: getattr(self.cfg, name) for name in KNOBS}
         current["n_threads"] = self.n_threads
         return current
 
@@ -149,7 +143,7 @@ class Engine:
 
         A rebuild forgets every session's cached KV (their next step prefills again), so the caller
         must only do it between requests."""
-        rebuild = any(getattr(cfg, name) != getattr(self.cfg, name) for name in REBUILD_SETTINGS)
+        rebuild = any(getattr(cfg, name) != getattr(self.cfg, name) for name in REBUILD_KNOBS)
         if rebuild and self.busy():
             raise ProtocolError(ErrorCode.BUSY, "cannot rebuild the context while a request is generating")
         self.cfg = cfg

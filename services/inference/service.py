@@ -22,10 +22,10 @@ import zmq
 from pydantic import ValidationError
 
 from shared import shm
-from shared.config import Config, EngineConfig
+from shared.config import KNOBS, Config, EngineConfig
 from shared.protocol import ErrorCode, ProtocolError, Request
 from shared.service import Emitter, Service, Job
-from services.inference.engine import TUNABLE_SETTINGS, Engine, Generation, GenerateParams, settings_id
+from services.inference.engine import Engine, Generation, GenerateParams, settings_id
 from services.inference.models import ModelPool
 
 #: Messages that must run while no generation is running (they rebuild, load or free engines).
@@ -71,7 +71,7 @@ class InferenceService(Service):
         engine = next(iter(self.models.engines.values()), None)
         if engine is not None:
             return engine.settings()
-        return {name: getattr(self.config.engine, name) for name in TUNABLE_SETTINGS}
+        return {name: getattr(self.config.engine, name) for name in KNOBS}
 
     def _params(self, body: dict) -> GenerateParams:
         p = GenerateParams(max_tokens=body.get("max_tokens") or self.config.engine.default_max_tokens)
@@ -199,10 +199,10 @@ class InferenceService(Service):
 
     def on_configure(self, req: Request) -> dict:
         settings = req.body["settings"]
-        unknown = sorted(set(settings) - set(TUNABLE_SETTINGS))
+        unknown = sorted(set(settings) - set(KNOBS))
         if unknown:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"not tunable: {', '.join(map(str, unknown))} "
-                                                       f"(tunable: {', '.join(TUNABLE_SETTINGS)})")
+                                                       f"(tunable: {', '.join(KNOBS)})")
         n_threads, cpus = settings.get("n_threads"), os.cpu_count() or 1
         if isinstance(n_threads, int) and n_threads > cpus:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"n_threads {n_threads} is more than the {cpus} CPUs")

@@ -44,8 +44,6 @@ CANDIDATE_ORDER: dict[str, tuple[str, ...]] = {
     "prefill": ("prefill_chunk_size", "max_batch_size", "n_threads"),
     "decode": ("spec_draft_tokens", "n_threads", "kv_cache_type"),
 }
-#: Knobs whose change rebuilds the llama.cpp context (longer warm-up).
-REBUILD_KNOBS = frozenset({"max_batch_size", "kv_cache_type"})
 _MAX_DECISIONS = 100
 
 
