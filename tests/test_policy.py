@@ -72,6 +72,17 @@ def test_profile_classifies_load_and_scores_on_the_reference_request():
     assert faster.score(p) < p.score(p)  # same reference request, faster decode: lower score
 
 
+def test_score_does_not_depend_on_the_windows_mix_of_cached_and_cold_prompts():
+    # An agent mix: session steps prefill one token (slow per token), cold prompts prefill 600 (fast per token).
+    cached = {"prefill_tokens": 1, "completion_tokens": 120, "prefill_tps": 30, "decode_tps": 40,
+              "ttft_s": 0.03, "total_s": 3.03}
+    cold = {"prefill_tokens": 600, "completion_tokens": 8, "prefill_tps": 300, "decode_tps": 40,
+            "ttft_s": 2.0, "total_s": 2.2}
+    ref = profile([cached] * 4 + [cold] * 4)
+    more_cached, more_cold = profile([cached] * 5 + [cold] * 3), profile([cached] * 3 + [cold] * 5)
+    assert abs(more_cached.score(ref) / more_cold.score(ref) - 1) < 0.02  # same speeds: same score
+
+
 def test_neighbours_stay_in_the_engine_limits():
     assert neighbours("n_threads", {"n_threads": 1}, cpu_count=2) == [2]
     assert neighbours("prefill_chunk_size", {"prefill_chunk_size": 512, "max_batch_size": 512}, 4) == [256]

@@ -22,14 +22,17 @@ Like with like: windows hold different mixes of long prompts and long outputs,
 so raw request latency is not comparable between two windows. The score is
 the latency of a fixed *reference request* (the mean prefill and completion
 token counts of the window that started the exploration), computed from the
-window's median seconds per prefill token and median seconds per decoded
-token. Two windows are compared on the same reference request, so only speed
-counts, not which requests happened to arrive.
+window's seconds per prefill token and per decoded token. Those are
+token-weighted (all prefill time over all prefill tokens), not medians of
+per-request rates: an agent mix holds one-token prefills of cached sessions
+(slow per token) beside long cold prompts, and a median flips between the two
+populations with the window's composition (measured: a 3x swing between
+windows of the same settings). Two windows are compared on the same reference
+request, so only speed counts, not which requests happened to arrive.
 """
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Literal
@@ -67,16 +70,21 @@ class Profile:
         return total
 
 
+def _seconds_per_token(samples: list[dict], tokens: str, rate: str, least: int) -> float | None:
+    """All the time spent on ``tokens`` over their count, for samples with at least ``least`` of them."""
+    measured = [(s[tokens], s[tokens] / s[rate]) for s in samples if s.get(tokens, 0) >= least and s.get(rate)]
+    count = sum(n for n, _ in measured)
+    return sum(t for _, t in measured) / count if count else None
+
+
 def profile(samples: list[dict]) -> Profile:
-    """Median per-token speeds of a window of generation samples, and its load class."""
-    prefill = [1.0 / s["prefill_tps"] for s in samples if s.get("prefill_tokens", 0) > 0 and s.get("prefill_tps")]
-    decode = [1.0 / s["decode_tps"] for s in samples if s.get("completion_tokens", 0) > 1 and s.get("decode_tps")]
+    """Token-weighted per-token speeds of a window of generation samples, and its load class."""
     prefill_time = sum(s.get("ttft_s", 0.0) for s in samples)
     decode_time = sum(max(0.0, s.get("total_s", 0.0) - s.get("ttft_s", 0.0)) for s in samples)
     n = max(1, len(samples))
     return Profile(
-        prefill_s_per_token=statistics.median(prefill) if prefill else None,
-        decode_s_per_token=statistics.median(decode) if decode else None,
+        prefill_s_per_token=_seconds_per_token(samples, "prefill_tokens", "prefill_tps", 1),
+        decode_s_per_token=_seconds_per_token(samples, "completion_tokens", "decode_tps", 2),
         ref_prefill_tokens=sum(s.get("prefill_tokens", 0) for s in samples) / n,
         ref_decode_tokens=sum(s.get("completion_tokens", 0) for s in samples) / n,
         load_class="prefill" if prefill_time >= decode_time else "decode",
@@ -221,7 +229,7 @@ class Policy:
         failure_worse = self.window.failure_rate > self.incumbent_failure_rate + self.config.max_failure_increase
         keep = gain >= self.config.min_gain and not failure_worse
         reason = ("failure rate {:.0%} vs {:.0%}".format(self.window.failure_rate, self.incumbent_failure_rate)
-                  if failure_worse else f"median {new_score:.3f}s vs {old_score:.3f}s")
+                  if failure_worse else f"reference request {new_score:.3f}s vs {old_score:.3f}s")
         self._record(knob, self.incumbent.get(knob), value, keep, gain, reason)
         self.trial = None
         if keep:
@@ -239,7 +247,7 @@ class Policy:
         worse = prof.score(self.reference) > self.reference.score(self.reference) * (1 + self.config.drift)
         if prof.load_class != self.reference.load_class or worse:
             self._record("*", self.reference.load_class, prof.load_class, False, 0.0,
-                         "load class changed" if not worse else "settled median drifted worse")
+                         "load class changed" if not worse else "settled score drifted worse")
             self._start_exploring(prof)
 
     def _start_exploring(self, prof: Profile) -> None:
