@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 #: Service processes the launcher starts, in start order; the watchdog supervises exactly these.
 SERVICE_NAMES = ("inference", "embedding", "retrieval", "tools", "optimizer")
@@ -57,6 +57,10 @@ class EngineConfig(_Section):
     spec_draft_tokens: int = Field(0, ge=0, le=32, description="prompt-lookup draft tokens per decode step "
                                                                 "(speculative decoding); 0 = off")
     spec_ngram_size: int = Field(2, ge=1, le=8, description="tokens matched to find a draft in the context")
+    spec_drafter: Literal["lookup", "model"] = Field("lookup", description="where drafts come from: prompt "
+                                                     "lookup in the context, or draft_model_path's model")
+    draft_model_path: Path | None = Field(None, description="small GGUF with the same vocabulary, for "
+                                                            "spec_drafter: model")
     decode_pause_ms: int = Field(0, ge=0, le=1000, description="sleep between decode steps (thermal relief)")
     models: dict[str, Path] = Field(default_factory=dict, description="more GGUF models by name, loadable on "
                                                                       "demand; model_path is named 'default'")
@@ -74,6 +78,12 @@ class EngineConfig(_Section):
         if batch is not None and v > batch:
             raise ValueError(f"must be <= max_batch_size ({batch})")
         return v
+
+    @model_validator(mode="after")
+    def _draft_model_for_model_drafting(self) -> "EngineConfig":
+        if self.spec_drafter == "model" and self.draft_model_path is None:
+            raise ValueError("spec_drafter 'model' needs engine.draft_model_path")
+        return self
 
     def resolved_model_path(self) -> Path:
         return self.model_path or magnitude_home() / "models" / DEFAULT_MODEL_FILE
@@ -236,7 +246,9 @@ class TunableSettings(_Section):
 
     n_threads: int | None = Field(None, ge=1, le=256, description="llama.cpp threads (hot)")
     prefill_chunk_size: int | None = Field(None, ge=16, le=4096, description="prompt tokens per decode call (hot)")
-    spec_draft_tokens: int | None = Field(None, ge=0, le=32, description="prompt-lookup draft length, 0 = off (hot)")
+    spec_draft_tokens: int | None = Field(None, ge=0, le=32, description="speculative draft length, 0 = off (hot)")
+    spec_drafter: Literal["lookup", "model"] | None = Field(None, description="prompt lookup or the draft model "
+                                                                              "(hot)")
     decode_pause_ms: int | None = Field(None, ge=0, le=1000, description="sleep between decode steps (hot)")
     max_batch_size: int | None = Field(None, ge=16, le=4096, description="llama.cpp n_batch (rebuilds the context)")
     kv_cache_type: Literal["f16", "q8_0", "q4_0"] | None = Field(None, description="KV cache type (rebuilds the "

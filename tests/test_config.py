@@ -23,6 +23,7 @@ def test_yaml_file(tmp_path):
     ({"engine": {"max_batch_size": 64, "prefill_chunk_size": 128}}, "must be <= max_batch_size"),
     ({"engine": {"n_threads": "lots"}}, "engine.n_threads"),
     ({"engine": {"typo_field": 1}}, "engine.typo_field"),
+    ({"engine": {"spec_drafter": "model"}}, "needs engine.draft_model_path"),
     ({"agent": {"max_iterations": 0}}, "agent.max_iterations"),
     ({"runtime": {"endpoints": {"inference": "http://x"}}}, "ipc:// or tcp://"),
     ({"runtime": {"endpoints": {"nosuch": "tcp://127.0.0.1:1"}}}, "unknown service"),

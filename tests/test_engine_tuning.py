@@ -16,7 +16,8 @@ REPETITIVE = "".join(f'{{"step": {i}, "tool": "calculator", "args": {{"expressio
 def service(tmp_path_factory):
     require_model()
     home = tmp_path_factory.mktemp("tune", numbered=True)
-    config = make_config(home, n_ctx=1024, models={"fast": str(MODEL_PATH)}, max_models=2)
+    config = make_config(home, n_ctx=1024, models={"fast": str(MODEL_PATH)}, max_models=2,
+                         draft_model_path=str(MODEL_PATH))  # its own draft model: the mechanics, not a speed-up
     svc = ServiceProcess("inference", write_config(home, config), config).start()
     yield svc
     svc.stop()
@@ -58,6 +59,7 @@ def test_rebuilding_settings_keep_the_service_and_answer_the_same_text(client):
     ({"prefill_chunk_size": 4096}, "max_batch_size"),
     ({"n_threads": 10_000}, "CPUs"),
     ({"spec_draft_tokens": -1}, "spec_draft_tokens"),
+    ({"spec_drafter": "oracle"}, "spec_drafter"),
 ])
 def test_bad_settings_are_refused_and_change_nothing(client, settings, says):
     before = client.health()["settings_id"]
@@ -79,6 +81,20 @@ def test_speculative_drafting_gives_the_same_text_with_fewer_decode_steps(client
     assert drafted.stats["completion_tokens"] == plain.stats["completion_tokens"]
     assert plain.stats["draft_tokens"] == 0
     assert drafted.stats["accepted_tokens"] > 0, drafted.stats
+
+
+def test_a_draft_model_proposes_and_the_target_keeps_its_text(client):
+    plain = client.generate(REPETITIVE, max_tokens=40, temperature=0)
+    configure(client, spec_draft_tokens=4, spec_drafter="model")
+    try:
+        drafted = client.generate(REPETITIVE, max_tokens=40, temperature=0)
+        follow_up = client.generate(REPETITIVE + drafted.text, max_tokens=8, temperature=0)  # the mirror catches up
+    finally:
+        configure(client, spec_draft_tokens=0, spec_drafter="lookup")
+    assert drafted.text == plain.text
+    # The draft model is the target model here, so its greedy drafts are (nearly) always right.
+    assert drafted.stats["accepted_tokens"] >= drafted.stats["draft_tokens"] * 0.8 > 0, drafted.stats
+    assert follow_up.stats["completion_tokens"] > 0
 
 
 def test_requests_name_a_resident_model_and_switching_costs_no_reload(client):

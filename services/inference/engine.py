@@ -18,15 +18,14 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import llama_cpp
-import numpy as np
 import psutil
 from llama_cpp import _internals
-from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
 from shared.config import KNOBS, REBUILD_KNOBS, EngineConfig
 from shared.protocol import ErrorCode, ProtocolError
 from services.inference.sampling import TokenSampler
-from services.inference.sessions import Acquired, SessionTable, Slot
+from services.inference.drafting import DraftModel, prompt_lookup
+from services.inference.sessions import Acquired, SessionTable, Slot, common_prefix_len
 from services.inference.text_stream import TextStream
 
 _KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
@@ -72,14 +71,6 @@ class GenerateParams:
     grammar: str | None = None
 
 
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
-
-
 class Engine:
     def __init__(self, cfg: EngineConfig):
         _init_backend()
@@ -95,6 +86,19 @@ class Engine:
         self.cfg = cfg
         self._batch = None
         self._open_context()
+        self.drafter = (DraftModel(Engine(self._draft_config(cfg)), self.model.n_vocab())
+                        if cfg.draft_model_path else None)
+
+    @staticmethod
+    def _draft_config(cfg: EngineConfig) -> EngineConfig:
+        return cfg.model_copy(update={"model_path": cfg.draft_model_path, "draft_model_path": None,
+                                      "spec_drafter": "lookup", "spec_draft_tokens": 0})
+
+    @property
+    def memory_bytes(self) -> int:
+        """Weights, plus KV state at full size, plus the draft model's: what the model slots budget counts."""
+        own = self.model.size() + self._state_bytes
+        return own + (self.drafter.memory_bytes if self.drafter else 0)
 
     def _open_context(self) -> None:
         """The llama.cpp context (one sequence per session slot), its batch and its session table."""
@@ -117,7 +121,7 @@ class Engine:
         self.sessions = SessionTable(cfg.session_slots, cfg.session_cache_mb * 2**20, self)
         #: generations one decode step can carry: one token each, in a batch of max_batch_size
         self.max_parallel = min(cfg.session_slots, cfg.max_batch_size)
-        self.memory_bytes = self.model.size() + llama_cpp.llama_state_get_size(self.ctx.ctx)
+        self._state_bytes = llama_cpp.llama_state_get_size(self.ctx.ctx)
 
     def _close_context(self) -> None:
         if self._batch is not None:
@@ -126,6 +130,8 @@ class Engine:
         self.ctx.close()
 
     def close(self) -> None:
+        if self.drafter:
+            self.drafter.close()
         self._close_context()
         self.model.close()
 
@@ -153,6 +159,8 @@ class Engine:
         else:
             self.n_threads = cfg.n_threads or default_threads()
             llama_cpp.llama_set_n_threads(self.ctx.ctx, self.n_threads, self.n_threads)
+        if self.drafter:
+            self.drafter.reconfigure(self._draft_config(cfg))
         return rebuild
 
     # --- KvOps for SessionTable ------------------------------------------------------------
@@ -281,13 +289,14 @@ class Engine:
                 llama_cpp.llama_memory_seq_rm(self.ctx.memory, g.slot.seq_id, len(g.slot.tokens), -1)
 
     def _draft(self, g: "Generation", limit: int) -> list[int]:
-        """Up to ``spec_draft_tokens`` tokens that followed the latest n-gram the last time it occurred."""
+        """Up to ``spec_draft_tokens`` draft tokens to follow the generation's pending token."""
         k = min(self.cfg.spec_draft_tokens, limit)
         if k <= 0:
             return []
-        history = np.array(g.slot.tokens + [g.pending], dtype=np.intc)
-        lookup = LlamaPromptLookupDecoding(max_ngram_size=self.cfg.spec_ngram_size, num_pred_tokens=k)
-        return [int(t) for t in lookup(history)]
+        history = g.slot.tokens + [g.pending]
+        if self.cfg.spec_drafter == "model":
+            return self.drafter.propose(g.slot.seq_id, history, k)
+        return prompt_lookup(history, k, self.cfg.spec_ngram_size)
 
     def _sample_next(self, g: "Generation", batch_index: int) -> int:
         """Sample, stream and account one token; it becomes the pending one unless the generation ends."""

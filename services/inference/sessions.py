@@ -21,6 +21,15 @@ from typing import Protocol
 from shared.protocol import ErrorCode, ProtocolError
 
 
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """How many leading tokens two sequences share: the KV that can be kept."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
 class KvOps(Protocol):
     def save_seq(self, seq_id: int) -> bytes: ...
     def load_seq(self, seq_id: int, state: bytes) -> bool: ...

@@ -8,8 +8,8 @@ run. One knob changes at a time:
    samples) and classify the load: prefill-bound when most of the time goes to
    prefill (time to first token), else decode-bound;
 2. **try** candidates in the order that suits the load class (prefill-bound:
-   prefill_chunk_size, max_batch_size, n_threads; decode-bound: spec_draft_tokens,
-   n_threads, kv_cache_type). After each change the first samples are discarded
+   prefill_chunk_size, max_batch_size, n_threads first; decode-bound: spec_draft_tokens,
+   spec_drafter, n_threads, kv_cache_type first; then the rest). After each change the first samples are discarded
    (warm-up: a rebuild drops cached KV, so the next requests re-prefill), then a
    full window is measured;
 3. **keep** the trial only if its score beats the incumbent's by ``min_gain``
@@ -42,17 +42,20 @@ from shared.config import KNOBS, OptimizerConfig
 LoadClass = Literal["prefill", "decode"]
 Phase = Literal["measuring", "trial", "settled"]
 
-#: Knobs tried per load class, most promising first.
+#: Knobs tried per load class, most promising first; the other class's knobs follow, since an agent
+#: mix has both long prompts and long outputs whichever dominates.
 CANDIDATE_ORDER: dict[str, tuple[str, ...]] = {
-    "prefill": ("prefill_chunk_size", "max_batch_size", "n_threads"),
-    "decode": ("spec_draft_tokens", "n_threads", "kv_cache_type"),
+    "prefill": ("prefill_chunk_size", "max_batch_size", "n_threads", "spec_draft_tokens", "spec_drafter",
+                "kv_cache_type"),
+    "decode": ("spec_draft_tokens", "spec_drafter", "n_threads", "kv_cache_type", "prefill_chunk_size",
+               "max_batch_size"),
 }
 _MAX_DECISIONS = 100
 
 
 @dataclass(frozen=True)
 class Profile:
-    """Median speeds of one window and the reference request they are scored on."""
+    """Per-token speeds of one window and the reference request they are scored on."""
 
     prefill_s_per_token: float | None
     decode_s_per_token: float | None
@@ -107,6 +110,8 @@ def neighbours(knob: str, settings: dict[str, Any], cpu_count: int) -> list[Any]
         return [v for v in (cur * 2, cur // 2) if low <= v <= 4096]
     if knob == "spec_draft_tokens":
         return [4] if cur == 0 else [v for v in (cur * 2, cur // 2 if cur >= 4 else 0) if 0 <= v <= 32]
+    if knob == "spec_drafter":  # the engine refuses "model" when it has no draft model
+        return [] if not settings.get("spec_draft_tokens") else ["model" if cur == "lookup" else "lookup"]
     if knob == "kv_cache_type":
         return ["q8_0" if cur == "f16" else "f16"]
     return []
