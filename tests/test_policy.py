@@ -118,6 +118,24 @@ def test_reverts_a_regression_and_settles_on_the_defaults():
     # spec_drafter has no neighbour while drafting is off, so it is never tried here
 
 
+def test_a_machine_that_got_quieter_is_not_taken_for_an_improvement():
+    """A/B/A: the trial beats the old measurement only because the neighbours' load dropped meanwhile;
+    the incumbent's fresh window is just as fast, so the trial is not kept."""
+    policy = make_policy()
+    calls = {"n": 0}
+
+    def load_drops_after_the_first_window(s: dict) -> tuple[float, float]:
+        calls["n"] += 1
+        quiet = calls["n"] > WINDOW + 1  # after the incumbent's first window (and its warm-up sample)
+        return 1000.0, 30.0 * (1.3 if quiet else 1.0)  # no knob matters, only the machine
+
+    engine = FakeEngine(policy, load_drops_after_the_first_window)
+    engine.run(WINDOW * 4)
+    first = policy.decisions[0]
+    assert first.knob == "spec_draft_tokens" and not first.kept and "re-measured" in first.reason
+    assert engine.settings["spec_draft_tokens"] == ENGINE["spec_draft_tokens"]
+
+
 def test_hysteresis_stops_oscillation():
     # A 2% gain (under min_gain 5%) with 1% noise is not worth a change: nothing is kept, and once
     # settled the engine is not reconfigured again however long the load runs.

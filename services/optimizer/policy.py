@@ -12,9 +12,13 @@ run. One knob changes at a time:
    spec_drafter, n_threads, kv_cache_type first; then the rest). After each change the first samples are discarded
    (warm-up: a rebuild drops cached KV, so the next requests re-prefill), then a
    full window is measured;
-3. **keep** the trial only if its score beats the incumbent's by ``min_gain``
-   (hysteresis: noise does not flip settings back and forth) and its failure
-   rate is not clearly worse; otherwise revert;
+3. **confirm, then keep**: a trial whose score beats the incumbent's by
+   ``min_gain`` (hysteresis: noise does not flip settings back and forth) and
+   whose failure rate is not clearly worse is not kept yet: the incumbent runs
+   one more window, and the trial is kept only if it also beats that fresh
+   measurement by ``min_gain``. On a shared machine a window's speed drifts with
+   the neighbours' load; comparing against a measurement taken just before (A/B/A)
+   keeps a quiet moment from passing for an improvement. Otherwise revert;
 4. after a pass with no gain (or ``max_passes``), **settle**; a settled window
    whose load class changes or whose score drifts worse by ``drift`` starts over.
 
@@ -40,7 +44,7 @@ from typing import Any, Callable, Literal
 from shared.config import KNOBS, OptimizerConfig
 
 LoadClass = Literal["prefill", "decode"]
-Phase = Literal["measuring", "trial", "settled"]
+Phase = Literal["measuring", "trial", "confirm", "settled"]
 
 #: Knobs tried per load class, most promising first; the other class's knobs follow, since an agent
 #: mix has both long prompts and long outputs whichever dominates.
@@ -162,6 +166,8 @@ class Policy:
         self.settings_id: str | None = None  # the engine's id for what it runs now
         self.awaiting_apply = False  # target() changed; samples until applied() ran under the old settings
         self.window = Window()
+        #: a trial that beat the incumbent, waiting for the incumbent's fresh window: knob, value, profile, failures
+        self.confirming: tuple[str, Any, Profile, float] | None = None
 
     # --- what the engine should run -------------------------------------------------------
     def target(self) -> dict[str, Any]:
@@ -189,6 +195,7 @@ class Policy:
             self.trial = None
             self._next_trial()
         else:
+            self.confirming = None
             self._record("*", self.incumbent, dict(self.overrides), False, 0.0, f"engine refused: {reason}")
             self.incumbent, self.reference, self.phase = dict(self.overrides), None, "measuring"
         self.awaiting_apply = True
@@ -227,26 +234,47 @@ class Policy:
     def _after_measuring(self, prof: Profile) -> None:
         self._start_exploring(prof)
 
+    def _gain(self, prof: Profile, incumbent: Profile) -> float:
+        """Share of the incumbent's time on the reference request that ``prof``'s speeds save."""
+        old_score = incumbent.score(self.reference)
+        return 1.0 - prof.score(self.reference) / old_score if old_score > 0 else 0.0
+
     def _after_trial(self, prof: Profile) -> None:
         knob, value = self.trial
-        old_score, new_score = self.reference.score(self.reference), prof.score(self.reference)
-        gain = 1.0 - new_score / old_score if old_score > 0 else 0.0
+        gain = self._gain(prof, self.reference)
         failure_worse = self.window.failure_rate > self.incumbent_failure_rate + self.config.max_failure_increase
-        keep = gain >= self.config.min_gain and not failure_worse
-        reason = ("failure rate {:.0%} vs {:.0%}".format(self.window.failure_rate, self.incumbent_failure_rate)
-                  if failure_worse else f"reference request {new_score:.3f}s vs {old_score:.3f}s")
-        self._record(knob, self.incumbent.get(knob), value, keep, gain, reason)
         self.trial = None
+        if gain >= self.config.min_gain and not failure_worse:
+            self.confirming = (knob, value, prof, self.window.failure_rate)
+            self.phase = "confirm"  # target() is the incumbent again for one window
+            return
+        reason = ("failure rate {:.0%} vs {:.0%}".format(self.window.failure_rate, self.incumbent_failure_rate)
+                  if failure_worse else self._scores(prof, self.reference))
+        self._record(knob, self.incumbent.get(knob), value, False, gain, reason)
+        self._next_trial()
+
+    def _after_confirm(self, incumbent_again: Profile) -> None:
+        knob, value, prof, failure_rate = self.confirming
+        self.confirming = None
+        gain = self._gain(prof, incumbent_again)
+        keep = gain >= self.config.min_gain
+        self._record(knob, self.incumbent.get(knob), value, keep, gain,
+                     f"{self._scores(prof, incumbent_again)} (incumbent re-measured; first measured "
+                     f"{self.reference.score(self.reference):.3f}s)")
         if keep:
             self.incumbent[knob] = value
-            # Rescore on the same reference request: the next trial competes with the new speeds.
-            self.reference = Profile(prof.prefill_s_per_token, prof.decode_s_per_token,
-                                     self.reference.ref_prefill_tokens, self.reference.ref_decode_tokens,
-                                     prof.load_class)
-            self.incumbent_failure_rate = self.window.failure_rate
+            self.incumbent_failure_rate = failure_rate
             self.kept_this_pass = True
             self.pending = [c for c in self.pending if c[0] != knob]  # this knob found its direction
+        # The next trial competes with the freshest speeds of what now runs, on the same reference request.
+        best = prof if keep else incumbent_again
+        self.reference = Profile(best.prefill_s_per_token, best.decode_s_per_token,
+                                 self.reference.ref_prefill_tokens, self.reference.ref_decode_tokens,
+                                 best.load_class)
         self._next_trial()
+
+    def _scores(self, prof: Profile, incumbent: Profile) -> str:
+        return f"reference request {prof.score(self.reference):.3f}s vs {incumbent.score(self.reference):.3f}s"
 
     def _after_settled(self, prof: Profile) -> None:
         worse = prof.score(self.reference) > self.reference.score(self.reference) * (1 + self.config.drift)
@@ -291,7 +319,7 @@ class Policy:
                 decisions: list[Decision]) -> None:
         """Start from a saved strategy: a settled one skips the warm-up exploration."""
         self.incumbent = {**settings, **self.overrides}
-        self.trial = None
+        self.trial = self.confirming = None
         self.reference = reference
         self.phase = "settled" if settled and reference is not None else "measuring"
         self.decisions = list(decisions)[-_MAX_DECISIONS:]
@@ -304,7 +332,9 @@ class Policy:
             "window_fill": len(self.window.samples),
             "window_size": self.window_size,
             "warmup_left": self.window.warmup_left,
-            "trial": None if self.trial is None else {"knob": self.trial[0], "value": self.trial[1]},
+            "trial": ({"knob": self.trial[0], "value": self.trial[1]} if self.trial is not None else
+                      {"knob": self.confirming[0], "value": self.confirming[1], "confirming": True}
+                      if self.confirming is not None else None),
             "incumbent": dict(self.incumbent),
             "overrides": dict(self.overrides),
             "score_s": None if self.reference is None else round(self.reference.score(self.reference), 6),
