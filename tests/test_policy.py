@@ -91,6 +91,13 @@ def test_neighbours_stay_in_the_engine_limits():
     assert neighbours("max_batch_size", {"max_batch_size": 256, "prefill_chunk_size": 256}, 4) == [512]
 
 
+def test_the_draft_model_is_only_tried_when_one_is_configured():
+    drafting = {"spec_draft_tokens": 4, "spec_drafter": "lookup"}
+    assert neighbours("spec_drafter", drafting, 4) == []
+    assert neighbours("spec_drafter", drafting, 4, has_draft_model=True) == ["model"]
+    assert neighbours("spec_drafter", {**drafting, "spec_draft_tokens": 0}, 4, has_draft_model=True) == []
+
+
 def test_keeps_an_improvement():
     policy = make_policy()
     engine = FakeEngine(policy, drafting_helps)

@@ -98,7 +98,7 @@ def profile(samples: list[dict]) -> Profile:
     )
 
 
-def neighbours(knob: str, settings: dict[str, Any], cpu_count: int) -> list[Any]:
+def neighbours(knob: str, settings: dict[str, Any], cpu_count: int, has_draft_model: bool = False) -> list[Any]:
     """The values next to the current one that are worth a trial, within the engine's limits."""
     cur = settings.get(knob)
     if cur is None:
@@ -115,7 +115,9 @@ def neighbours(knob: str, settings: dict[str, Any], cpu_count: int) -> list[Any]
     if knob == "spec_draft_tokens":
         return [4] if cur == 0 else [v for v in (cur * 2, cur // 2 if cur >= 4 else 0) if 0 <= v <= 32]
     if knob == "spec_drafter":  # the engine refuses "model" when it has no draft model
-        return [] if not settings.get("spec_draft_tokens") else ["model" if cur == "lookup" else "lookup"]
+        if not settings.get("spec_draft_tokens") or not has_draft_model:
+            return []
+        return ["model" if cur == "lookup" else "lookup"]
     if knob == "kv_cache_type":
         return ["q8_0" if cur == "f16" else "f16"]
     return []
@@ -148,10 +150,11 @@ class Window:
 
 class Policy:
     def __init__(self, config: OptimizerConfig, window: int, cpu_count: int,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, has_draft_model: bool = False):
         self.config = config
         self.window_size = window
         self.cpu_count = cpu_count
+        self.has_draft_model = has_draft_model
         self.clock = clock
         self.overrides = config.overrides.given()
         self.incumbent: dict[str, Any] = dict(self.overrides)  # the best settings known
@@ -295,13 +298,16 @@ class Policy:
         self.kept_this_pass = False
         order = CANDIDATE_ORDER[self.reference.load_class]
         self.pending = [(knob, v) for knob in order if knob not in self.overrides
-                        for v in neighbours(knob, self.incumbent, self.cpu_count)]
+                        for v in self._neighbours(knob)]
+
+    def _neighbours(self, knob: str) -> list[Any]:
+        return neighbours(knob, self.incumbent, self.cpu_count, self.has_draft_model)
 
     def _next_trial(self) -> None:
         while True:
             while self.pending:
                 knob, value = self.pending.pop(0)
-                if self.incumbent.get(knob) != value and value in neighbours(knob, self.incumbent, self.cpu_count):
+                if self.incumbent.get(knob) != value and value in self._neighbours(knob):
                     self.trial = (knob, value)
                     self.phase = "trial"
                     return

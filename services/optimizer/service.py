@@ -68,7 +68,8 @@ class OptimizerService(Service):
         self._lock = threading.Lock()  # guards policy, signals, relief and the applied state
         opt = config.optimizer
         self.strategy_path = opt.strategy_path or data_dir / "strategy.json"
-        self.policy = Policy(opt, config.engine.optimization_window, os.cpu_count() or 1)
+        self.policy = Policy(opt, config.engine.optimization_window, os.cpu_count() or 1,
+                             has_draft_model=config.engine.draft_model_path is not None)
         self.relief = ThermalRelief(opt.thermal, n_threads_overridden="n_threads" in self.policy.overrides)
         self.alarm = LatencyAlarm(opt.p99_alert_s, config.engine.optimization_window, opt.alert_interval_s)
         self.speeds = SessionSpeeds(opt.compress_below)
