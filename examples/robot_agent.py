@@ -31,7 +31,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout too
 
 from magnitude.agent import AsyncAgent, Trace  # noqa: E402
-from magnitude.client import RETRYABLE, AsyncClient, GenerateResult, Restart, Retry, ServiceError  # noqa: E402
+from magnitude import RETRYABLE, AsyncClient, GenerateResult, Restart, Retry, ServiceError  # noqa: E402
 from shared.config import ConfigError, load_config  # noqa: E402
 from shared.logs import configure_logging  # noqa: E402
 

@@ -1,5 +1,8 @@
-"""Magnitude: self-optimizing on-device inference for autonomous agents."""
+"""Magnitude: self-optimizing on-device inference for autonomous agents.
 
-from magnitude.client import AsyncClient, Client, GenerateResult, Restart, Retry, ServiceError
+The user API: the ZeroMQ clients (from ``shared.client``, the transport every layer uses) and the agent.
+"""
 
-__all__ = ["AsyncClient", "Client", "GenerateResult", "Restart", "Retry", "ServiceError"]
+from shared.client import RETRYABLE, AsyncClient, Client, GenerateResult, Restart, Retry, ServiceError
+
+__all__ = ["RETRYABLE", "AsyncClient", "Client", "GenerateResult", "Restart", "Retry", "ServiceError"]

@@ -17,7 +17,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generator
 
-from magnitude.client import AsyncClient, Client, Retry, ServiceError
+from shared.client import AsyncClient, Client, Retry, ServiceError
 from magnitude.prompts import gemma_turn
 from magnitude.toolcall import ActionError, ActionParser, action_grammar
 from shared import shm

@@ -6,7 +6,7 @@ import json
 import sys
 
 from magnitude.agent import Agent, Trace, submit_feedback
-from magnitude.client import Client, ServiceError
+from shared.client import Client, ServiceError
 
 
 def print_trace(trace: Trace) -> None:

@@ -8,31 +8,17 @@ import sys
 import time
 
 from magnitude import agent_cli, launcher, memory_cli, stats_cli, strategy_cli
-from magnitude.client import Client, GenerateResult, ServiceError
 from magnitude.prompts import gemma_prompt
-from shared.config import SERVICE_NAMES, WATCHDOG_NAME, ConfigError, dump_config, load_config
-
-
-def _print_health(statuses: list[launcher.ServiceStatus], as_json: bool) -> int:
-    if as_json:
-        print(json.dumps([{"service": s.name, "healthy": s.healthy, "error": s.error, **s.detail}
-                          for s in statuses], indent=2))
-    else:
-        for s in statuses:
-            if s.healthy:
-                d = s.detail
-                extra = f" model={d['model']}" if "model" in d else ""
-                extra += f" restarts={d['restarts']}" if "restarts" in d else ""
-                print(f"{s.name:<12} healthy  pid={d.get('pid')} uptime={d.get('uptime_s')}s "
-                      f"rss={d.get('rss_mb')}MB queue={d.get('queue_depth')}{extra}")
-            else:
-                print(f"{s.name:<12} UNHEALTHY {s.error}")
-    return 0 if statuses and all(s.healthy for s in statuses) else 1
+from shared import health as healthcheck
+from shared import process
+from shared.client import Client, GenerateResult, ServiceError
+from shared.config import SERVICE_NAMES, ConfigError, dump_config, load_config
+from shared.health import print_statuses
 
 
 def cmd_up(args, config) -> int:
     statuses = launcher.up(config, args.config)
-    return _print_health(statuses, False)
+    return print_statuses(statuses, False)
 
 
 def cmd_down(args, config) -> int:
@@ -42,7 +28,7 @@ def cmd_down(args, config) -> int:
 
 
 def cmd_health(args, config) -> int:
-    return _print_health(launcher.health(config, args.service, args.timeout), args.json)
+    return print_statuses(launcher.health(config, args.service, args.timeout), args.json)
 
 
 def _stream_to_stdout(client: Client, prompt: str, session: str | None, **params) -> GenerateResult:
@@ -75,8 +61,8 @@ def cmd_demo(args, config) -> int:
     then run one agent task that needs the calculator tool, and print its trace."""
     from magnitude.agent import Agent
 
-    started_here = any(launcher.read_pid(config, n) is None for n in SERVICE_NAMES)
-    if _print_health(launcher.up(config, args.config), False) != 0:
+    started_here = any(process.read_pid(config, n) is None for n in SERVICE_NAMES)
+    if print_statuses(launcher.up(config, args.config), False) != 0:
         return 1
     client = Client.for_service("inference", config, timeout_s=120)
     session = f"demo-{int(time.time())}"
@@ -124,9 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("up", help="start every service (then the watchdog) and wait until healthy").set_defaults(fn=cmd_up)
     sub.add_parser("down", help="stop the watchdog, then every service (drains in-flight requests)").set_defaults(fn=cmd_down)
     p = sub.add_parser("health", help="check every service; exit 1 if any is unhealthy")
-    p.add_argument("--service", action="append", choices=(*SERVICE_NAMES, WATCHDOG_NAME), help="only this service (repeatable)")
-    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait per service (default 5)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    healthcheck.add_arguments(p)
     p.set_defaults(fn=cmd_health)
     p = sub.add_parser("generate", help="stream a completion from the inference service")
     p.add_argument("prompt")

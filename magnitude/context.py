@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from magnitude.client import Client
+from shared.client import Client
 from magnitude.prompts import gemma_prompt
 from shared.config import ContextBudget
 

@@ -1,42 +1,12 @@
-"""Client helpers for the memory services: ``embed`` vectors and a ``MemoryClient`` for retrieval.
-
-Vectors travel as raw float32 bytes (``vectors`` + ``shape``) when small, and as a
-shared-memory array handle (``vectors_shm``) when the batch is over
-``shm.INLINE_LIMIT_BYTES``; ``vectors_from_body`` reads either.
-"""
+"""Client helpers for the memory services: ``embed`` vectors and a ``MemoryClient`` for retrieval."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import numpy as np
-
-from magnitude.client import Client
-from shared import shm
+from shared.client import Client
+from shared.codecs import embed
 from shared.config import Config
-from shared.protocol import ErrorCode, ProtocolError
 
-
-def vectors_to_body(vectors: np.ndarray, pool: shm.ShmPool | None) -> dict[str, Any]:
-    """Reply body for a (n, dim) float32 matrix: inline bytes, or an shm handle when large."""
-    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    if vectors.nbytes > shm.INLINE_LIMIT_BYTES:
-        return {"vectors_shm": shm.put_array(vectors, pool), "dim": int(vectors.shape[1])}
-    return {"vectors": vectors.tobytes(), "shape": list(vectors.shape), "dim": int(vectors.shape[1])}
-
-
-def vectors_from_body(body: dict[str, Any]) -> np.ndarray:
-    if "vectors_shm" in body:
-        return shm.take_array(body["vectors_shm"])
-    try:
-        return np.frombuffer(body["vectors"], dtype=np.float32).reshape(body["shape"]).copy()
-    except (KeyError, TypeError, ValueError):
-        raise ProtocolError(ErrorCode.BAD_FRAME, "embed reply carries neither 'vectors' nor 'vectors_shm'")
-
-
-def embed(client: Client, texts: list[str]) -> np.ndarray:
-    """L2-normalised float32 vectors, one row per text, from the embedding service."""
-    return vectors_from_body(client.request("embed", {"texts": texts}))
+__all__ = ["MemoryClient", "embed"]
 
 
 class MemoryClient:

@@ -7,7 +7,7 @@ import hashlib
 import json
 import sys
 
-from magnitude.client import ServiceError
+from shared.client import ServiceError
 from magnitude.memory import MemoryClient
 
 _BATCH = 256

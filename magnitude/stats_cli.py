@@ -18,7 +18,7 @@ from collections import defaultdict
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from magnitude.client import Client, ServiceError
+from shared.client import Client, ServiceError
 from shared.config import SERVICE_NAMES, WATCHDOG_NAME, Config
 
 #: Monitoring requests, not work: excluded from the row's requests and latency.

@@ -9,7 +9,7 @@ import argparse
 import json
 import sys
 
-from magnitude.client import Client, ServiceError
+from shared.client import Client, ServiceError
 
 
 def _ask(config, args, msg_type: str, body: dict | None = None) -> dict | None:

@@ -8,7 +8,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from magnitude import launcher  # noqa: E402
-from magnitude.client import Client  # noqa: E402
+from shared import process  # noqa: E402
+from shared.client import Client  # noqa: E402
 from shared.config import Config, dump_config, parse_config  # noqa: E402
 
 
@@ -27,4 +28,4 @@ def start_inference(home: Path, tag: str, engine: dict, timeout_s: float = 300) 
 
 def stop(config: Config, client: Client) -> None:
     client.close()
-    launcher.stop(config, "inference")
+    process.stop(config, "inference")

@@ -33,7 +33,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from magnitude import launcher  # noqa: E402
-from magnitude.client import Client  # noqa: E402
+from shared import process  # noqa: E402
+from shared.client import Client  # noqa: E402
 from shared.config import dump_config, parse_config  # noqa: E402
 
 #: ~600 tokens under the Gemma 3 tokenizer (with the report line around it).
@@ -94,7 +95,7 @@ def main() -> int:
                 if status["phase"] == "settled":
                     break
             chosen = status["incumbent"]
-            launcher.stop(config, "optimizer")
+            process.stop(config, "optimizer")
             samples: dict[str, list[float]] = {"defaults": [], "optimized": []}
             for r in range(args.rounds):
                 order = ("defaults", "optimized") if r % 2 == 0 else ("optimized", "defaults")
@@ -107,7 +108,7 @@ def main() -> int:
             client.close()
             optimizer.close()
             for name in ("optimizer", "inference"):
-                launcher.stop(config, name)
+                process.stop(config, name)
 
     ratios = [o / d for d, o in zip(samples["defaults"], samples["optimized"])]
     geomean = math.exp(statistics.fmean(math.log(r) for r in ratios))

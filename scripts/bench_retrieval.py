@@ -30,7 +30,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from magnitude import launcher  # noqa: E402
-from magnitude.client import Client  # noqa: E402
+from shared.client import Client  # noqa: E402
 from magnitude.memory import MemoryClient, embed  # noqa: E402
 from services.retrieval.store import MemoryStore  # noqa: E402
 from shared.config import dump_config, parse_config  # noqa: E402

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from _bench import start_inference, stop
-from magnitude.client import Client
+from shared.client import Client
 from magnitude.prompts import gemma_prompt
 
 SYSTEM = (

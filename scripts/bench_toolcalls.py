@@ -22,6 +22,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from magnitude import launcher  # noqa: E402
+from shared import process  # noqa: E402
 from magnitude.agent import Agent  # noqa: E402
 from shared.config import dump_config, parse_config  # noqa: E402
 
@@ -112,7 +113,7 @@ def main() -> int:
         finally:
             agent.close()
             for name in ("tools", "inference"):
-                launcher.stop(config, name)
+                process.stop(config, name)
     n = len(rows)
 
     def pct(mode: str, key: str) -> str:

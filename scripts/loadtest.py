@@ -31,7 +31,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from magnitude import launcher  # noqa: E402
-from magnitude.client import Client, ServiceError  # noqa: E402
+from shared import process  # noqa: E402
+from shared.health import probe  # noqa: E402
+from shared.client import Client, ServiceError  # noqa: E402
 from shared.config import SERVICE_NAMES, Config, dump_config, load_config, parse_config  # noqa: E402
 
 PROMPTS = ["Name a color.", "Say hi to the robot.", "One word for fast:", "Count to three:"]
@@ -92,7 +94,7 @@ def pct(values: list[float], q: float) -> float:
 def rss_of_services(config: Config) -> dict[str, float]:
     out = {}
     for name in SERVICE_NAMES:
-        status = launcher.check(config, name, timeout_s=5)
+        status = probe(config, name, timeout_s=5)
         if status.healthy:
             out[name] = status.detail["rss_mb"]
     return out
@@ -179,7 +181,7 @@ def main() -> int:
             code = soak(config, args.soak, args.max_tokens, args.sample) if args.soak else \
                 load(config, args.clients, args.requests, args.max_tokens)
         finally:
-            launcher.stop(config, "inference")
+            process.stop(config, "inference")
     print("reproduce: .venv/bin/python scripts/loadtest.py " + " ".join(sys.argv[1:]))
     return code
 

@@ -22,8 +22,7 @@ from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
+from shared.process import is_alive
 from shared.protocol import ErrorCode, ProtocolError
 
 PREFIX = "mag_"
@@ -81,19 +80,6 @@ def put_bytes(data: bytes, pool: "ShmPool | None" = None, session: str | None = 
     return handle
 
 
-def put_array(array: np.ndarray, pool: "ShmPool | None" = None, session: str | None = None) -> dict:
-    """Copy a numpy array into a new segment; the handle carries dtype, shape and ``session``."""
-    array = np.ascontiguousarray(array)
-    shm = _create(array.nbytes)
-    np.ndarray(array.shape, dtype=array.dtype, buffer=shm.buf)[...] = array
-    handle = {"name": shm.name, "size": array.nbytes, "kind": "array", "dtype": array.dtype.str,
-              "shape": list(array.shape), "session": session}
-    shm.close()
-    if pool is not None:
-        pool.track(handle["name"])
-    return handle
-
-
 def _finish(shm: shared_memory.SharedMemory) -> None:
     shm.close()
     unlink(shm.name)  # not shm.unlink(): that would also notify the resource tracker we left
@@ -108,22 +94,6 @@ def take_bytes(handle: Any, session: str | None = None) -> bytes:
         _finish(shm)
 
 
-def take_array(handle: Any, session: str | None = None) -> np.ndarray:
-    """Read an array segment (copied out) and unlink it."""
-    shm = _open(handle, session)
-    try:
-        try:
-            dtype = np.dtype(handle["dtype"])
-            shape = tuple(int(d) for d in handle["shape"])
-        except Exception:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, "shm array handle needs a valid 'dtype' and 'shape'")
-        if any(d < 0 for d in shape) or int(np.prod(shape)) * dtype.itemsize != handle["size"]:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, "shm array handle: shape and dtype do not match size")
-        return np.ndarray(shape, dtype=dtype, buffer=shm.buf).copy()
-    finally:
-        _finish(shm)
-
-
 def unlink(name: str) -> bool:
     """Remove a segment by name; True if it existed."""
     try:
@@ -131,16 +101,6 @@ def unlink(name: str) -> bool:
         return True
     except FileNotFoundError:
         return False
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def sweep_orphans() -> list[str]:
@@ -153,7 +113,7 @@ def sweep_orphans() -> list[str]:
             pid = int(path.name[len(PREFIX):].split("_", 1)[0])
         except ValueError:
             continue
-        if not _pid_alive(pid) and unlink(path.name):
+        if not is_alive(pid) and unlink(path.name):
             removed.append(path.name)
     return removed
 

@@ -84,7 +84,7 @@ class ServiceProcess:
         self.proc: subprocess.Popen | None = None
 
     def start(self, wait_s: float = 60) -> "ServiceProcess":
-        from magnitude.client import Client, ServiceError
+        from shared.client import Client, ServiceError
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen([sys.executable, "-m", self.module, "--config", str(self.config_path)],
                                      stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), env=env)

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from magnitude.agent import AsyncAgent, submit_feedback
-from magnitude.client import Client, ServiceError
+from shared.client import Client, ServiceError
 from tests.conftest import REPO, ServiceProcess, make_config, write_config
 
 

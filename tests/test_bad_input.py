@@ -3,7 +3,7 @@
 import msgpack
 import pytest
 
-from magnitude.client import Client
+from shared.client import Client
 from shared.protocol import PROTOCOL_VERSION, encode_request
 
 pytestmark = pytest.mark.model

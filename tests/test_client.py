@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from magnitude.client import AsyncClient, Client, ServiceError
+from shared.client import AsyncClient, Client, ServiceError
 
 
 def free_tcp_endpoint():

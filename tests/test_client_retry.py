@@ -12,7 +12,7 @@ import msgpack
 import pytest
 import zmq
 
-from magnitude.client import AsyncClient, Client, Restart, Retry, ServiceError, _Attempts
+from shared.client import AsyncClient, Client, Restart, Retry, ServiceError, _Attempts
 from shared.protocol import encode_error, encode_reply
 
 CRASH = "crash"  # script step: close the socket (the client sees a disconnect), bind again a moment later

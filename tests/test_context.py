@@ -76,7 +76,7 @@ def test_budget_shares_are_validated():
 
 @pytest.mark.model
 def test_real_tokenizer_and_summarizer(inference_service, memory_services):
-    from magnitude.client import Client
+    from shared.client import Client
     from magnitude.memory import MemoryClient
     inference = Client(inference_service.endpoint, timeout_s=120)
     memory = MemoryClient(Client(memory_services.retrieval.endpoint, timeout_s=60))

@@ -4,7 +4,7 @@ import socket
 
 import pytest
 
-from magnitude.client import Client, CurveKeys, ServiceError
+from shared.client import Client, CurveKeys, ServiceError
 from shared.config import parse_config
 from shared.security import SecurityError, create_keys, is_loopback, needs_curve
 from tests.conftest import ServiceProcess, make_config, require_model, write_config

@@ -2,7 +2,7 @@
 
 import pytest
 
-from magnitude.client import Client, ServiceError
+from shared.client import Client, ServiceError
 from tests.conftest import MODEL_PATH, ServiceProcess, make_config, require_model, write_config
 
 pytestmark = pytest.mark.model

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from magnitude.client import Client
+from shared.client import Client
 from shared.protocol import MESSAGES, PROTOCOL_VERSION, ErrorCode, ProtocolError, decode_request
 from tests.conftest import FUZZ_COUNTS
 

@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from magnitude.client import AsyncClient, Client, GenerateResult, ServiceError
+from shared.client import AsyncClient, Client, GenerateResult, ServiceError
 from magnitude.prompts import gemma_prompt
 
 pytestmark = pytest.mark.model

@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from magnitude.client import Client, ServiceError
+from shared.client import Client, ServiceError
 from magnitude.memory import MemoryClient, embed
 from services.retrieval.store import MemoryStore
-from shared import shm
+from shared import codecs, shm
 from tests.conftest import REPORT, ServiceProcess, make_config, write_config
 from tests.data.memory_corpus import DOCS, QUESTIONS
 
@@ -47,7 +47,7 @@ def test_large_batch_comes_through_shm(embedder):
     body = embedder.request("embed", {"texts": texts})
     assert "vectors_shm" in body and "vectors" not in body
     name = body["vectors_shm"]["name"]
-    vectors = shm.take_array(body["vectors_shm"])
+    vectors = codecs.take_array(body["vectors_shm"])
     assert vectors.shape == (200, 384) and name not in shm.list_segments()  # taken once, then gone
     small = embedder.request("embed", {"texts": texts[:2]})
     assert "vectors" in small and np.allclose(np.frombuffer(small["vectors"], np.float32).reshape(2, 384),

@@ -16,7 +16,7 @@ import msgpack
 import pytest
 import zmq
 
-from magnitude.client import Client
+from shared.client import Client
 from shared.config import parse_config
 from shared.telemetry import Telemetry
 from tests.conftest import REPO, ServiceProcess, make_config, require_model, wait_for, write_config

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from magnitude.client import Client
+from shared.client import Client
 from shared.config import parse_config
 from tests.conftest import REPO, REPORT, ServiceProcess, make_config, require_model, write_config
 

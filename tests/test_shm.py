@@ -4,7 +4,7 @@ import os
 import numpy as np
 import pytest
 
-from shared import shm
+from shared import codecs, shm
 from shared.protocol import ErrorCode, ProtocolError
 
 
@@ -20,7 +20,7 @@ def test_bytes_round_trip_and_single_take():
 
 def test_array_round_trip():
     arr = np.random.default_rng(0).standard_normal((64, 384)).astype(np.float32)
-    out = shm.take_array(shm.put_array(arr))
+    out = codecs.take_array(codecs.put_array(arr))
     assert out.dtype == np.float32 and np.array_equal(out, arr)
 
 
@@ -33,10 +33,10 @@ def test_bad_handles_are_typed_errors(handle):
 
 
 def test_array_handle_lying_about_shape():
-    handle = shm.put_array(np.zeros(10, dtype=np.float32))
+    handle = codecs.put_array(np.zeros(10, dtype=np.float32))
     handle["shape"] = [1000]
     with pytest.raises(ProtocolError):
-        shm.take_array(handle)
+        codecs.take_array(handle)
     assert handle["name"] not in shm.list_segments()
 
 

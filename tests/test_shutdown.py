@@ -4,7 +4,7 @@ import signal
 
 import pytest
 
-from magnitude.client import Client
+from shared.client import Client
 from shared import shm
 from shared.protocol import encode_request
 from tests.conftest import ServiceProcess, make_config, require_model, write_config

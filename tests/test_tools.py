@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from magnitude.client import Client, ServiceError
+from shared.client import Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import ServiceProcess, write_config
 

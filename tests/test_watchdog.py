@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from magnitude.launcher import ServiceStatus
+from shared.health import ServiceStatus
 from services.watchdog.backends import PROJECT_LABEL, SERVICE_LABEL, BackendError, DockerBackend
 from services.watchdog.priority import big_cores
 from services.watchdog.supervisor import Supervisor

@@ -17,8 +17,9 @@ import time
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from magnitude import launcher
-from magnitude.client import Client, ServiceError
+from shared import process
+from shared.health import probe
+from shared.client import Client, ServiceError
 from shared.config import SERVICE_NAMES, WATCHDOG_NAME, Config, dump_config, parse_config
 from tests.conftest import REPORT, make_config, require_model, wait_for
 from tests.test_launcher import magnitude
@@ -68,7 +69,7 @@ def watchdog_status(config: Config) -> dict:
 
 
 def healthy_pid(config: Config, name: str) -> int | None:
-    status = launcher.check(config, name, timeout_s=1.0)
+    status = probe(config, name, timeout_s=1.0)
     return status.detail["pid"] if status.healthy else None
 
 
@@ -176,10 +177,10 @@ def test_frozen_service_is_killed_as_hung_and_restarted(stack):
         status = wait_for(lambda: (s := watchdog_status(config)["tools"])["restarts"] > restarts_before and s,
                           RECOVERY_S, "the watchdog restarts the frozen tools service")
     finally:
-        if launcher.is_alive(old_pid):
+        if process.is_alive(old_pid):
             os.kill(old_pid, signal.SIGKILL)
     assert status["last_reason"] == "hung"
-    assert not launcher.is_alive(old_pid)  # SIGKILLed by the watchdog
+    assert not process.is_alive(old_pid)  # SIGKILLed by the watchdog
     new_pid = wait_for(lambda: healthy_pid(config, "tools"), RECOVERY_S, "tools healthy again")
     assert new_pid != old_pid
     REPORT.append(f"watchdog: frozen tools service restarted as hung after {time.monotonic() - stopped_at:.1f}s")
@@ -192,8 +193,8 @@ def test_memory_ceiling_below_rss_restarts_the_service(stack):
     low.watchdog.service_memory_ceiling_mb = {"optimizer": 1}
     low_path = write(home, low, "low-ceiling.yaml")
     old_pid = wait_for(lambda: healthy_pid(config, "optimizer"), RECOVERY_S, "optimizer healthy")
-    assert launcher.stop(config, WATCHDOG_NAME).startswith("stopped")
-    launcher.spawn(low, WATCHDOG_NAME, str(low_path))
+    assert process.stop(config, WATCHDOG_NAME).startswith("stopped")
+    process.spawn(low, WATCHDOG_NAME, str(low_path))
     try:
         status = wait_for(lambda: (s := _status_or_none(low)) and s["optimizer"]["restarts"] >= 1 and s,
                           RECOVERY_S, "a restart for memory")
@@ -202,8 +203,8 @@ def test_memory_ceiling_below_rss_restarts_the_service(stack):
         new_pid = wait_for(lambda: healthy_pid(config, "optimizer"), RECOVERY_S, "optimizer healthy again")
         assert new_pid != old_pid
     finally:
-        launcher.stop(config, WATCHDOG_NAME)
-    log = launcher.log_file(config, WATCHDOG_NAME).read_text()
+        process.stop(config, WATCHDOG_NAME)
+    log = process.log_file(config, WATCHDOG_NAME).read_text()
     assert '"event": "memory_ceiling_exceeded"' in log and '"reason": "memory"' in log
 
 

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from magnitude.memory import vectors_to_body
+from shared.codecs import vectors_to_body
 from shared.config import Config
 from shared.protocol import ErrorCode, ProtocolError, Request
 from shared.service import Emitter, Service

@@ -25,7 +25,7 @@ from typing import Any
 
 import apsw
 
-from magnitude.client import Client, ServiceError
+from shared.client import Client, ServiceError
 from shared.config import Config
 from shared.protocol import ErrorCode, ProtocolError, Request
 from shared.service import Emitter, Service

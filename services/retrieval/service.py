@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from magnitude.client import Client, ServiceError
-from magnitude.memory import embed
+from shared.client import Client, ServiceError
+from shared.codecs import embed
 from shared.config import Config
 from shared.protocol import ErrorCode, ProtocolError, Request
 from shared.service import Emitter, Service

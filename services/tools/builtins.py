@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 from typing import Any, Callable
 
-from magnitude.client import Client, ServiceError
+from shared.client import Client, ServiceError
 from services.tools.errors import tool_failed
 from shared.config import Config
 from shared.protocol import ErrorCode

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from magnitude import launcher
+from shared import process
 from services.watchdog.priority import pin_process, renice_process
 from shared.config import Config
 
@@ -48,7 +48,7 @@ class Backend(Protocol):
 
 
 class LocalBackend:
-    """Services as local processes with pid files (``magnitude.launcher``); restarted ones are our children."""
+    """Services as local processes with pid files (``shared.process``); restarted ones are our children."""
 
     kind = "local"
 
@@ -57,7 +57,7 @@ class LocalBackend:
         self.config_path = config_path
 
     def pid(self, name: str) -> int | None:
-        return launcher.read_pid(self.config, name)  # reaps our exited children; a zombie is not running
+        return process.read_pid(self.config, name)  # reaps our exited children; a zombie is not running
 
     def memory_mb(self, name: str) -> float | None:
         pid = self.pid(name)
@@ -67,10 +67,10 @@ class LocalBackend:
             return None
 
     def start(self, name: str) -> None:
-        launcher.spawn(self.config, name, self.config_path)
+        process.spawn(self.config, name, self.config_path)
 
     def restart(self, name: str, hard: bool) -> None:
-        launcher.stop(self.config, name, timeout_s=0 if hard else 30.0)  # hard: SIGKILL at once, no drain
+        process.stop(self.config, name, timeout_s=0 if hard else 30.0)  # hard: SIGKILL at once, no drain
         self.start(name)
 
     def set_nice(self, name: str, nice: int) -> None:

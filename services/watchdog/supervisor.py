@@ -22,16 +22,16 @@ from typing import Any, Callable
 
 import psutil
 
-from magnitude import launcher
 from services.watchdog.backends import Backend
 from services.watchdog.priority import allowed_cpus, big_cores
 from shared.config import SERVICE_NAMES, Config
+from shared import health
 from shared.protocol import ErrorCode
 
 #: The service whose priority and cores the watchdog raises.
 PRIORITY_SERVICE = "inference"
 
-Probe = Callable[[str], launcher.ServiceStatus]
+Probe = Callable[[str], health.ServiceStatus]
 
 
 @dataclass
@@ -69,7 +69,7 @@ class Supervisor:
         self.log = log
         self.on_restart = on_restart  # (service, reason): e.g. a metrics counter
         self.clock = clock
-        self.probe = probe or (lambda name: launcher.check(config, name, timeout_s=self.cfg.health_timeout_s))
+        self.probe = probe or (lambda name: health.probe(config, name, timeout_s=self.cfg.health_timeout_s))
         self.states = {name: ServiceState() for name in SERVICE_NAMES}
         self._reports = {name: s.report() for name, s in self.states.items()}
         self._warned: set[str] = set()

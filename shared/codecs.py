@@ -1,0 +1,60 @@
+"""How structured payloads travel in message bodies: embedding matrices, inline or through shared memory.
+
+Vectors travel as raw float32 bytes (``vectors`` + ``shape``) when small, and as a
+shared-memory array handle (``vectors_shm``) when the batch is over
+``shm.INLINE_LIMIT_BYTES``; ``vectors_from_body`` reads either.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from shared import shm
+from shared.protocol import ErrorCode, ProtocolError
+
+if TYPE_CHECKING:
+    from shared.client import Client
+
+
+def put_array(array: np.ndarray, pool: shm.ShmPool | None = None, session: str | None = None) -> dict:
+    """Copy a numpy array into a new shm segment; the handle also carries dtype and shape."""
+    array = np.ascontiguousarray(array)
+    handle = shm.put_bytes(array.tobytes(), pool, session)
+    return {**handle, "kind": "array", "dtype": array.dtype.str, "shape": list(array.shape)}
+
+
+def take_array(handle: Any, session: str | None = None) -> np.ndarray:
+    """Read an array segment (copied out) and unlink it."""
+    data = shm.take_bytes(handle, session)
+    try:
+        dtype = np.dtype(handle["dtype"])
+        shape = tuple(int(d) for d in handle["shape"])
+    except Exception:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "shm array handle needs a valid 'dtype' and 'shape'")
+    if any(d < 0 for d in shape) or int(np.prod(shape)) * dtype.itemsize != len(data):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "shm array handle: shape and dtype do not match size")
+    return np.frombuffer(data, dtype=dtype).reshape(shape).copy()
+
+
+def vectors_to_body(vectors: np.ndarray, pool: shm.ShmPool | None) -> dict[str, Any]:
+    """Reply body for a (n, dim) float32 matrix: inline bytes, or an shm handle when large."""
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if vectors.nbytes > shm.INLINE_LIMIT_BYTES:
+        return {"vectors_shm": put_array(vectors, pool), "dim": int(vectors.shape[1])}
+    return {"vectors": vectors.tobytes(), "shape": list(vectors.shape), "dim": int(vectors.shape[1])}
+
+
+def vectors_from_body(body: dict[str, Any]) -> np.ndarray:
+    if "vectors_shm" in body:
+        return take_array(body["vectors_shm"])
+    try:
+        return np.frombuffer(body["vectors"], dtype=np.float32).reshape(body["shape"]).copy()
+    except (KeyError, TypeError, ValueError):
+        raise ProtocolError(ErrorCode.BAD_FRAME, "embed reply carries neither 'vectors' nor 'vectors_shm'")
+
+
+def embed(client: "Client", texts: list[str]) -> np.ndarray:
+    """L2-normalised float32 vectors, one row per text, from the embedding service."""
+    return vectors_from_body(client.request("embed", {"texts": texts}))

@@ -1,0 +1,77 @@
+"""Is a service up? One ``health`` request with a short timeout: for the launcher, the watchdog and
+``scripts/health`` (the compose healthcheck, run every 15 s in every container, so it stays light:
+no model runtime, no user-facing package).
+
+    python -m shared.health [--service NAME ...] [--json] [--timeout S]   # exit 1 if any is unhealthy
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+
+from shared.client import Client, ServiceError
+from shared.config import SERVICE_NAMES, WATCHDOG_NAME, Config, ConfigError, load_config
+
+
+@dataclass
+class ServiceStatus:
+    name: str
+    healthy: bool
+    detail: dict
+    error: str | None = None
+
+
+def probe(config: Config, name: str, timeout_s: float = 5.0) -> ServiceStatus:
+    try:
+        with Client.for_service(name, config, timeout_s=timeout_s) as client:
+            detail = client.health()
+        return ServiceStatus(name, bool(detail.get("ok")), detail)
+    except ServiceError as err:
+        return ServiceStatus(name, False, {}, f"{err.code}: {err.message}")
+
+
+def print_statuses(statuses: list[ServiceStatus], as_json: bool) -> int:
+    """One line per service (or JSON); the exit code: 0 only if every one is healthy."""
+    if as_json:
+        print(json.dumps([{"service": s.name, "healthy": s.healthy, "error": s.error, **s.detail}
+                          for s in statuses], indent=2))
+    else:
+        for s in statuses:
+            if s.healthy:
+                d = s.detail
+                extra = f" model={d['model']}" if "model" in d else ""
+                extra += f" restarts={d['restarts']}" if "restarts" in d else ""
+                print(f"{s.name:<12} healthy  pid={d.get('pid')} uptime={d.get('uptime_s')}s "
+                      f"rss={d.get('rss_mb')}MB queue={d.get('queue_depth')}{extra}")
+            else:
+                print(f"{s.name:<12} UNHEALTHY {s.error}")
+    return 0 if statuses and all(s.healthy for s in statuses) else 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--service", action="append", choices=(*SERVICE_NAMES, WATCHDOG_NAME),
+                        help="only this service (repeatable; default: every service and the watchdog)")
+    parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait per service (default 5)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="scripts/health", description="Check the running Magnitude services; "
+                                     "exit 1 if any is unhealthy.")
+    parser.add_argument("--config", help="YAML config (default: $MAGNITUDE_CONFIG, else built-in defaults)")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        print(err, file=sys.stderr)
+        return 2
+    names = args.service or [*SERVICE_NAMES, *([WATCHDOG_NAME] if config.watchdog.enabled else [])]
+    return print_statuses([probe(config, name, args.timeout) for name in names], args.json)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

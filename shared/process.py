@@ -1,0 +1,99 @@
+"""Service processes on this machine: pid files, start, stop, liveness.
+
+Each service is ``python -m services.<name>``, detached into its own session,
+its stderr (JSON logs) in ``<run_dir>/<name>.log`` and its pid in
+``<run_dir>/<name>.pid``. The launcher (``magnitude up``) and the watchdog's
+local backend both start and stop services through this module.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from shared.config import Config
+
+_REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def pid_file(config: Config, name: str) -> Path:
+    return config.runtime.run_dir() / f"{name}.pid"
+
+
+def log_file(config: Config, name: str) -> Path:
+    return config.runtime.run_dir() / f"{name}.log"
+
+
+def is_alive(pid: int) -> bool:
+    """True while ``pid`` is alive. An exited child of ours is reaped here (the watchdog is the parent of
+    what it restarts); a zombie whose parent has not reaped it yet counts as exited."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # not our child: its own parent reaps it
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.AccessDenied:
+        return True  # another user's process: it exists
+    except psutil.Error:
+        return False
+
+
+def read_pid(config: Config, name: str) -> int | None:
+    """The pid of a running service process, or None (a stale pid file is removed)."""
+    path = pid_file(config, name)
+    try:
+        pid = int(path.read_text().strip())
+    except (OSError, ValueError):
+        pid = None
+    if pid is not None and is_alive(pid):
+        return pid
+    path.unlink(missing_ok=True)
+    return None
+
+
+def spawn(config: Config, name: str, config_path: str | None) -> subprocess.Popen:
+    """Start ``python -m services.<name>`` in its own session (it outlives its parent) and write its pid file."""
+    run_dir = config.runtime.run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cmd = [sys.executable, "-m", f"services.{name}"] + (["--config", str(config_path)] if config_path else [])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    with open(log_file(config, name), "ab") as log:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
+                                start_new_session=True)
+    pid_file(config, name).write_text(str(proc.pid))
+    return proc
+
+
+def stop(config: Config, name: str, timeout_s: float = 30.0) -> str:
+    """SIGTERM (the service drains in-flight work), then SIGKILL after ``timeout_s`` (0: a hung one, at once)."""
+    pid = read_pid(config, name)
+    if pid is None:
+        return "not running"
+    if timeout_s > 0 and signal_and_wait(pid, signal.SIGTERM, timeout_s):
+        outcome = f"stopped (pid {pid})"
+    else:
+        signal_and_wait(pid, signal.SIGKILL, 10.0)
+        outcome = f"killed (pid {pid}) after {timeout_s:g}s"
+    pid_file(config, name).unlink(missing_ok=True)
+    return outcome
+
+
+def signal_and_wait(pid: int, sig: int, wait_s: float) -> bool:
+    """Send ``sig`` and wait up to ``wait_s`` for the process to exit; True once it has."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        return True
+    deadline = time.monotonic() + wait_s
+    while is_alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
