@@ -10,8 +10,20 @@ import structlog
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
+_configured = False
+
+
 def configure_logging(service: str, level: str = "info") -> structlog.stdlib.BoundLogger:
-    """Set the processor pipeline once per process and return a logger bound to ``service``."""
+    """A logger bound to ``service``. The processor pipeline is set by the first call of the process only,
+    so a second component in the same process (a test, an embedded service) cannot reconfigure the first's."""
+    global _configured
+    if not _configured:
+        _configure(level)
+        _configured = True
+    return structlog.get_logger().bind(service=service)
+
+
+def _configure(level: str) -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -24,4 +36,3 @@ def configure_logging(service: str, level: str = "info") -> structlog.stdlib.Bou
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         cache_logger_on_first_use=True,
     )
-    return structlog.get_logger().bind(service=service)

@@ -7,6 +7,11 @@ inproc PUSH socket; the loop forwards them to the client. So a long generation
 never blocks a health check, a full queue answers ``busy`` instead of growing,
 and a bad frame costs one error reply, never the process.
 
+Workers beat a heartbeat (``beat``: every loop iteration, every job start and end). ``health``
+answers ``ok: false`` when a worker thread has died or its last beat is older than
+``worker_stall_s``, because the I/O loop answering health proves nothing about the
+workers; the watchdog then restarts the service as hung.
+
 SIGTERM/SIGINT stop intake (new requests get ``shutting_down``), let queued and
 running requests finish, then exit.
 
@@ -29,6 +34,7 @@ from collections import OrderedDict
 import signal
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -54,7 +60,6 @@ from shared.protocol import (
     encode_reply,
 )
 
-_REPLY_INPROC = "inproc://replies"
 _DRAIN_TIMEOUT_S = 60.0
 _REMEMBERED_BYTES = 16 << 20  # budget for remembered ok replies
 _REMEMBER_MAX_REPLY = 64 << 10  # bigger replies are not kept (a retry runs again)
@@ -110,6 +115,9 @@ class Service:
         #: Answered by the loop itself, never queued behind real work.
         self._inline: dict[str, Callable[[], dict]] = {"health": self.health, "metrics": self.metrics.exposition}
         self._ctx = zmq.Context.instance()
+        self._reply_inproc = f"inproc://replies-{uuid.uuid4().hex}"  # one per Service: several may share a process
+        self._workers: list[threading.Thread] = []
+        self._beats: dict[str, float] = {}  # worker thread name -> monotonic time of its last beat
         self._curve: CurveServer | None = None
         self.telemetry = self.make_telemetry()
 
@@ -126,6 +134,14 @@ class Service:
     def close(self) -> None:
         """Release resources after the loop has stopped."""
 
+    def worker_stall_s(self) -> float:
+        """A worker silent for longer than this is stuck (a service whose jobs may run longer raises it)."""
+        return self.config.runtime.worker_stall_s
+
+    def beat(self) -> None:
+        """The calling worker is alive and making progress."""
+        self._beats[threading.current_thread().name] = time.monotonic()
+
     def make_telemetry(self) -> Telemetry:
         """Where this service's samples go: the optimizer (which overrides this: it must not report to itself)."""
         if not self.config.engine.self_optimize:
@@ -133,10 +149,18 @@ class Service:
         return Telemetry.for_service(self.name, self.config, queue_depth=self._jobs.qsize)
 
     # --- the loop ------------------------------------------------------------------------
+    def _workers_health(self) -> dict[str, Any]:
+        alive = sum(w.is_alive() for w in self._workers)
+        now = time.monotonic()
+        oldest = max((now - self._beats.get(w.name, self._started) for w in self._workers), default=0.0)
+        return {"workers": len(self._workers), "workers_alive": alive, "worker_beat_age_s": round(oldest, 3),
+                "workers_ok": alive == len(self._workers) and oldest <= self.worker_stall_s()}
+
     def health(self) -> dict[str, Any]:
         rss = psutil.Process().memory_info().rss
+        workers = self._workers_health()
         return {
-            "ok": True,
+            "ok": workers["workers_ok"],
             "service": self.name,
             "pid": os.getpid(),
             "protocol": PROTOCOL_VERSION,
@@ -147,6 +171,7 @@ class Service:
             **self.metrics.totals(),
             "stopping": self._stopping.is_set(),
             "metrics_url": self.metrics.url,
+            **workers,
             **self.health_details(),
         }
 
@@ -184,10 +209,10 @@ class Service:
         frontend = self._bind()
         self._serve_metrics()
         replies = self._ctx.socket(zmq.PULL)
-        replies.bind(_REPLY_INPROC)
-        workers = [threading.Thread(target=self._work, name=f"{self.name}-worker-{i}", daemon=True)
-                   for i in range(self.workers)]
-        for w in workers:
+        replies.bind(self._reply_inproc)
+        self._workers = [threading.Thread(target=self._work, name=f"{self.name}-worker-{i}", daemon=True)
+                         for i in range(self.workers)]
+        for w in self._workers:
             w.start()
         self.telemetry.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -213,7 +238,7 @@ class Service:
             if time.monotonic() - last_reap > 5:
                 self.shm_pool.reap()
                 last_reap = time.monotonic()
-        for w in workers:  # they exit once stopping and idle; their sockets flush on close
+        for w in self._workers:  # they exit once stopping and idle; their sockets flush on close
             w.join(timeout=5)
         while replies.poll(100):  # forward what the workers sent last
             self._forward(frontend, replies.recv_multipart())
@@ -295,17 +320,22 @@ class Service:
 
     def _work(self) -> None:
         out = self._ctx.socket(zmq.PUSH)
-        out.connect(_REPLY_INPROC)
-        self.work_loop(out)
-        out.close(linger=1000)
+        out.connect(self._reply_inproc)
+        try:
+            self.work_loop(out)
+        except BaseException:  # a bug in the loop itself: health now says so, and the watchdog restarts us
+            self.log.exception("worker_died", worker=threading.current_thread().name)
+        finally:
+            out.close(linger=1000)
 
     def next_job(self, timeout_s: float | None) -> Job | None:
-        """The next queued request (waiting up to ``timeout_s``; None = don't wait), or None."""
+        """The next queued request (waiting up to ``timeout_s``; None = don't wait), or None. Beats first."""
+        self.beat()
         try:
             job = self._jobs.get(timeout=timeout_s) if timeout_s else self._jobs.get_nowait()
         except queue.Empty:
             return None
-        job.started_at = time.monotonic()
+        job.started_at = self._beats[threading.current_thread().name] = time.monotonic()
         return job
 
     def idle_and_stopping(self) -> bool:

@@ -276,7 +276,7 @@ def test_strategy_cli_dump_restore_show(home):
         shown = cli("show")
         assert shown.returncode == 0 and "spec_draft_tokens" in shown.stdout and "phase" in shown.stdout
         bad = home / "bad.json"
-        bad.write_text(json.dumps({"format": "magnitude-strategy", "version": 1, "settings": {"n_threads": 0}}))
+        bad.write_text(json.dumps({"format": "magnitude-strategy", "version": 1, "settings": {"n_threads": 999}}))
         refused = cli("restore", str(bad))
         assert refused.returncode == 1 and "settings.n_threads" in refused.stderr
     finally:

@@ -67,6 +67,11 @@ class ToolService(Service):
         self.handle("tool.list", self._list)
         self.handle("tool.call", self._call)
 
+    def worker_stall_s(self) -> float:
+        """A tool may legitimately run until its own timeout."""
+        longest = max((t.limits.timeout_s for t in self.tools.values()), default=0.0)
+        return max(super().worker_stall_s(), longest + 10.0)
+
     def health_details(self) -> dict[str, Any]:
         return {"tools": list(self.tools)}
 

@@ -1,0 +1,95 @@
+"""The ``agent`` section: tools (built-in, python, shell), their sandbox limits, and the agent loop's bounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, ValidationError, field_validator
+
+from shared.config.base import Section, describe_errors
+
+#: Tools the tool service implements itself (``kind: builtin``).
+BUILTIN_TOOLS = ("calculator", "file_reader", "memory_search")
+#: The action name that ends an agent run; no tool may take it.
+FINAL_ANSWER = "final_answer"
+
+
+class SandboxLimits(Section):
+    """What one python/shell tool call may use; enforced with rlimits and a wall-clock kill."""
+
+    timeout_s: float = Field(10.0, gt=0, le=3600, description="wall clock, then the process group is killed")
+    cpu_s: int = Field(10, ge=1, le=3600, description="RLIMIT_CPU")
+    memory_mb: int = Field(512, ge=32, le=1 << 20, description="RLIMIT_AS (address space)")
+    max_output_bytes: int = Field(16384, ge=256, le=16 << 20, description="output kept; the rest is cut with a note")
+    max_file_mb: int = Field(16, ge=0, le=1 << 20, description="RLIMIT_FSIZE: largest file a tool may write")
+    max_processes: int = Field(16, ge=0, le=4096, description="RLIMIT_NPROC head-room over the user's processes")
+
+
+class ToolConfig(Section):
+    name: str = Field(pattern=r"^[a-z_][a-z0-9_]{0,63}$")
+    kind: Literal["builtin", "python", "shell"] = "builtin"
+    description: str = ""
+    target: str | None = Field(None, description="python: module:function or file.py:function; "
+                                                  "shell: argv template with {arg} placeholders (no shell)")
+    parameters: dict[str, Any] = Field(default_factory=dict,
+                                       description="JSON schema of the arguments; builtins have their own")
+    limits: dict[str, Any] = Field(default_factory=dict, description="per-tool overrides of agent.sandbox")
+
+    @field_validator("target")
+    @classmethod
+    def _target_shape(cls, v: str | None, info: Any) -> str | None:
+        if info.data.get("kind") == "python" and v and (v.count(":") != 1 or not all(v.split(":"))):
+            raise ValueError("python target must be module:function or path/file.py:function")
+        return v
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters_are_an_object_schema(cls, v: dict[str, Any]) -> dict[str, Any]:
+        if not v:
+            return v
+        import jsonschema  # only needed when a schema is given
+        try:
+            jsonschema.Draft202012Validator.check_schema(v)
+        except jsonschema.SchemaError as err:
+            raise ValueError(f"not a valid JSON schema: {err.message}") from None
+        if v.get("type") != "object":
+            raise ValueError("tool parameters must be a JSON schema with type: object")
+        return v
+
+
+class AgentConfig(Section):
+    tools: list[ToolConfig] = Field(default_factory=lambda: [ToolConfig(name="calculator")])
+    max_iterations: int = Field(8, ge=1, le=1000)
+    sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
+    file_roots: list[Path] = Field(default_factory=list, description="directories file_reader may read under")
+    max_file_bytes: int = Field(1 << 20, ge=1, le=1 << 30, description="file_reader refuses bigger files")
+    memory_collection: str = Field("memories", min_length=1, max_length=128, description="memory_search's collection")
+    grammar: bool = Field(True, description="constrain each Action to the tools' JSON schemas (GBNF)")
+    max_step_tokens: int = Field(320, ge=32, le=8192, description="tokens for one Thought + Action")
+    temperature: float = Field(0.0, ge=0, le=2)
+
+    @field_validator("tools")
+    @classmethod
+    def _tools_are_usable(cls, tools: list[ToolConfig]) -> list[ToolConfig]:
+        names = [t.name for t in tools]
+        for name in {n for n in names if names.count(n) > 1}:
+            raise ValueError(f"tool {name!r} declared twice")
+        for t in tools:
+            if t.name == FINAL_ANSWER:
+                raise ValueError(f"{FINAL_ANSWER!r} is reserved for ending a run")
+            if t.kind == "builtin" and t.name not in BUILTIN_TOOLS:
+                raise ValueError(f"no builtin tool {t.name!r} (builtins: {', '.join(BUILTIN_TOOLS)})")
+            if t.kind != "builtin" and not (t.target and t.parameters):
+                raise ValueError(f"tool {t.name!r}: a {t.kind} tool needs a target and a parameters schema")
+            try:
+                SandboxLimits.model_validate(t.limits)
+            except ValidationError as err:
+                raise ValueError(f"tool {t.name!r} limits: {describe_errors(err).strip()}") from None
+        return tools
+
+    def limits_for(self, tool: ToolConfig) -> SandboxLimits:
+        """The sandbox defaults with the tool's own overrides (validated like the defaults)."""
+        return SandboxLimits.model_validate({**self.sandbox.model_dump(), **tool.limits})
+
+
