@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Print the llama.cpp CMake arguments for this CPU (sourced by the build scripts beside it).
+# What the build scripts beside this one share (they source it): the pinned llama-cpp-python version,
+# llama.cpp's CMake arguments for this CPU, and a cache folder keyed by both.
 #
 # llama.cpp's default "native" build turns on every instruction set the CPU
 # reports. On x86 that includes AMX, whose kernels crash (SIGSEGV in
@@ -22,4 +23,15 @@ llama_cmake_args() {
   # shellcheck disable=SC2206
   args+=(${MAGNITUDE_CMAKE_EXTRA:-})
   echo "${args[*]:-}"
+}
+
+LLAMA_CPP_PYTHON_VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
+
+# llama_cache_dir ROOT NAME [TAG]: ROOT/NAME-VERSION-KEY, KEY a hash of the version, this CPU's arguments
+# and TAG, so a build is reused until one of them changes.
+llama_cache_dir() {
+  local args key
+  args="$(llama_cmake_args)"
+  key=$(printf '%s %s%s\n' "$LLAMA_CPP_PYTHON_VERSION" "${args:-native}" "${3:+ $3}" | sha256sum | cut -c1-12)
+  echo "$1/$2-$LLAMA_CPP_PYTHON_VERSION-$key"
 }

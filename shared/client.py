@@ -12,6 +12,12 @@ request is in flight (crash, restart), the request fails at once with
 so no frame of it can reach the next request (a disconnect between requests is
 harmless: ZeroMQ reconnects by itself). With ``retry=Retry(...)`` a call re-sends on transient failures
 with the same request id, which the services deduplicate by (session, id).
+
+The logic lives in ``Call``, which does no I/O (the sans-I/O pattern of h11 and
+wsproto): it builds the request frame, says how long to wait, reads what
+arrived (a reply frame, monitor events, nothing) and decides what it means,
+including whether and when to retry. ``Client`` and ``AsyncClient`` only move
+bytes between a ZeroMQ socket and a ``Call``.
 """
 
 from __future__ import annotations
@@ -26,9 +32,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message, recv_monitor_message
 
-from shared import shm
-from shared import security
-from shared.config import Config, load_config
+from shared import security, shm
+from shared.config import Config, ipc_path, load_config
 from shared.protocol import ErrorCode, Reply, decode_reply, encode_request, new_request_id
 
 
@@ -55,6 +60,8 @@ _WATCHED_EVENTS = _HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED
 
 #: Failures worth another try with the same request id: the service may come back or drain its queue.
 RETRYABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT, ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN})
+#: Failures that leave the socket suspect (a reply may still be on its way, or the peer is gone): replace it.
+_RESET_SOCKET = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT, ErrorCode.UNAUTHORIZED})
 
 
 @dataclass(frozen=True)
@@ -86,31 +93,90 @@ class Retry:
             raise ValueError(f"Retry needs deadline_s > 0 and 0 < first_backoff_s <= max_backoff_s, got {self}")
 
 
-class _Attempts:
-    """The bookkeeping of one call's attempts: its deadline, the backoff, which errors qualify."""
+class Call:
+    """One request across its attempts, as a state machine without I/O.
 
-    def __init__(self, policy: Retry | None):  # None: one attempt, every error is raised
-        self.policy = policy
-        self.started = time.monotonic()
+    The driver sends ``frame``, then repeatedly waits up to ``wait_s()`` and reports what happened:
+    ``on_frame(data)`` (a reply frame: the reply, or None for a stale one), ``on_events(events)``
+    (socket monitor events) or ``timed_out()``. Errors come out as ``ServiceError``; ``restart_after``
+    turns one into the next attempt's ``Restart`` or raises it when it is final.
+    """
+
+    def __init__(self, endpoint: str, msg_type: str, body: dict | None, session: str | None,
+                 request_id: str | None, timeout_s: float, retry: Retry | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.endpoint, self.msg_type, self.timeout_s, self.policy, self.clock = (
+            endpoint, msg_type, timeout_s, retry, clock)
+        self.request_id = request_id or new_request_id()
+        self.frame = encode_request(msg_type, body, session=session, request_id=self.request_id)
+        self.started = clock()
         self.attempt = 1
+        self.answering = False  # the current attempt has had a frame: the service is working on it
+        self.done = False
+        self._waiting_s = 0.0
+        self._wait_until = 0.0
 
-    def first_wait_s(self, timeout_s: float) -> float:
-        """How long this attempt may wait for its first reply frame."""
-        if self.policy is None:
-            return timeout_s
-        remaining = self.started + self.policy.deadline_s - time.monotonic()
-        return max(0.01, min(timeout_s, remaining))
+    def wait_s(self) -> float:
+        """How long to wait for the next frame: the full timeout once the service answers; before its first
+        frame, an attempt also stops at the retry deadline."""
+        if self.answering or self.policy is None:
+            return self.timeout_s
+        remaining = self.started + self.policy.deadline_s - self.clock()
+        return max(0.01, min(self.timeout_s, remaining))
+
+    def expect_frame(self) -> None:
+        """The driver starts waiting for the next frame (``poll_ms`` counts down from here)."""
+        self._waiting_s = self.wait_s()
+        self._wait_until = self.clock() + self._waiting_s
+
+    def poll_ms(self) -> int | None:
+        """Milliseconds left to poll for the expected frame; None once the wait is over (``timed_out``)."""
+        remaining = self._wait_until - self.clock()
+        return int(remaining * 1000) if remaining > 0 else None
+
+    def on_frame(self, data: bytes) -> Reply | None:
+        """A frame from the socket: this request's reply (raised when it is an error), or None if stale."""
+        reply = decode_reply(data)
+        if reply.id != self.request_id:
+            return None  # a late reply of an abandoned request
+        if reply.kind == "error":
+            raise ServiceError(reply.error_code or ErrorCode.INTERNAL, reply.error_message or "")
+        self.answering = True
+        self.done = reply.final
+        return reply
+
+    def on_events(self, events: list[int], in_flight: bool = True) -> None:
+        """Monitor events: a refused handshake fails the call; a disconnect fails it while it waits for a reply
+        (its reply can no longer come); between requests it means nothing (ZeroMQ reconnects by itself)."""
+        if any(e & _HANDSHAKE_FAILED for e in events):
+            raise ServiceError(ErrorCode.UNAUTHORIZED, f"{self.endpoint} refused the connection handshake "
+                                                       "(missing or wrong CURVE key?)")
+        if in_flight and zmq.EVENT_DISCONNECTED in events:
+            raise ServiceError(ErrorCode.UNAVAILABLE, f"{self.endpoint} went away during the request "
+                                                      "(service stopped or crashed)")
+
+    def timed_out(self) -> ServiceError:
+        return ServiceError(ErrorCode.TIMEOUT, f"no reply to {self.msg_type!r} from {self.endpoint} "
+                                               f"within {self._waiting_s:g}s")
+
+    def unreachable(self) -> ServiceError | None:
+        """An ipc endpoint without its socket file means the service is not running: say so at once."""
+        path = ipc_path(self.endpoint)
+        if path is not None and not path.exists():
+            return ServiceError(ErrorCode.UNAVAILABLE, f"no service listening at {self.endpoint}")
+        return None
 
     def restart_after(self, err: ServiceError) -> Restart:
         """The next attempt after ``err``; raises ``err`` when it is final or the deadline would pass."""
         if self.policy is None or err.code not in RETRYABLE:
             raise err
         delay = min(self.policy.max_backoff_s, self.policy.first_backoff_s * 2 ** (self.attempt - 1))
-        elapsed = time.monotonic() - self.started
+        elapsed = self.clock() - self.started
         if elapsed + delay >= self.policy.deadline_s:
             raise ServiceError(err.code, f"{err.message} (gave up after {self.attempt} attempt(s) "
                                          f"in {elapsed:.1f}s)") from err
         self.attempt += 1
+        self.answering = self.done = False
         restart = Restart(self.attempt, err.code, err.message, delay)
         if self.policy.on_retry is not None:
             self.policy.on_retry(restart)
@@ -144,8 +210,12 @@ def _generate_body(prompt: str, session: str | None, stream: bool, params: dict[
     return body
 
 
+def _final_body(item: Reply | Restart) -> dict | None:
+    return item.body if isinstance(item, Reply) and item.final else None
+
+
 class _Base:
-    """What the sync and asyncio clients share: endpoint, keys, the socket and its monitor, errors."""
+    """What the sync and asyncio clients share: endpoint, keys, the socket and its monitor."""
 
     def __init__(self, endpoint: str, timeout_s: float, curve: CurveKeys | None = None):
         self.endpoint = endpoint
@@ -163,6 +233,10 @@ class _Base:
                  if security.needs_curve(config.runtime, endpoint) else None)
         return cls(endpoint, timeout_s=timeout_s, curve=curve)
 
+    def _call(self, msg_type: str, body: dict | None, session: str | None, request_id: str | None,
+              retry: Retry | None) -> Call:
+        return Call(self.endpoint, msg_type, body, session, request_id, self.timeout_s, retry)
+
     def _socket(self) -> zmq.Socket:
         if self._sock is None:
             self._sock = self._ctx.socket(zmq.DEALER)
@@ -173,6 +247,18 @@ class _Base:
             self._sock.connect(self.endpoint)
         return self._sock
 
+    def _poller(self):
+        """A poller over the socket and its monitor (zmq's or zmq.asyncio's, as the subclass says)."""
+        poller = self._poller_cls()
+        poller.register(self._socket(), zmq.POLLIN)
+        poller.register(self._monitor, zmq.POLLIN)
+        return poller
+
+    def _failed(self, err: ServiceError) -> None:
+        """After a failure that leaves the socket suspect, drop it: no late frame can reach the next request."""
+        if err.code in _RESET_SOCKET:
+            self.close()
+
     def close(self) -> None:
         """Drop the socket (and with it any queued or late frames); the next call opens a fresh one."""
         if self._sock is not None:
@@ -181,35 +267,11 @@ class _Base:
             self._sock.close(linger=0)
             self._sock = self._monitor = None
 
-    def _event_error(self, events: list[int], in_flight: bool) -> ServiceError | None:
-        """The error that monitor ``events`` mean; a disconnect between requests means nothing
-        (ZeroMQ reconnects by itself), one during a request means its reply will never come."""
-        if any(e & _HANDSHAKE_FAILED for e in events):
-            return ServiceError(ErrorCode.UNAUTHORIZED, f"{self.endpoint} refused the connection handshake "
-                                                        "(missing or wrong CURVE key?)")
-        if in_flight and zmq.EVENT_DISCONNECTED in events:
-            return ServiceError(ErrorCode.UNAVAILABLE, f"{self.endpoint} went away during the request "
-                                                       "(service stopped or crashed)")
-        return None
-
-    def _check_reachable(self) -> None:
-        """An ipc endpoint without its socket file means the service is not running: say so at once."""
-        if self.endpoint.startswith("ipc://") and not Path(self.endpoint[len("ipc://"):]).exists():
-            raise ServiceError(ErrorCode.UNAVAILABLE, f"no service listening at {self.endpoint}")
-
-    def _timeout(self, msg_type: str, waited_s: float) -> ServiceError:
-        return ServiceError(ErrorCode.TIMEOUT,
-                            f"no reply to {msg_type!r} from {self.endpoint} within {waited_s:g}s")
-
-    @staticmethod
-    def _raise_if_error(reply: Reply) -> Reply:
-        if reply.kind == "error":
-            raise ServiceError(reply.error_code or ErrorCode.INTERNAL, reply.error_message or "")
-        return reply
-
 
 class Client(_Base):
     """Blocking client; one DEALER socket, one request in flight at a time."""
+
+    _poller_cls = zmq.Poller
 
     def __init__(self, endpoint: str, timeout_s: float = 60.0, curve: CurveKeys | None = None):
         super().__init__(endpoint, timeout_s, curve)
@@ -221,46 +283,31 @@ class Client(_Base):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _fail(self, events: list[int], in_flight: bool) -> None:
-        error = self._event_error(events, in_flight)
-        if error is not None:
-            self.close()
-            raise error
-
-    def _pending_events(self) -> list[int]:
+    def _events(self) -> list[int]:
         events = []
         while self._monitor.poll(0):
             events.append(recv_monitor_message(self._monitor)["event"])
         return events
 
-    def send_raw(self, frame: bytes) -> None:
-        """Send one frame as-is (also for tests of hostile input)."""
-        self._check_reachable()
+    def _send(self, call: Call) -> None:
+        if (err := call.unreachable()) is not None:
+            raise err
         sock = self._socket()
-        self._fail(self._pending_events(), in_flight=False)  # forget disconnects of earlier requests
-        sock.send(frame)
+        call.on_events(self._events(), in_flight=False)  # forget disconnects of earlier requests
+        sock.send(call.frame)
 
-    def recv_reply(self, request_id: str | None = None, timeout_s: float | None = None,
-                   what: str = "request") -> Reply:
-        """Next reply frame for ``request_id`` (stale replies of abandoned requests are skipped)."""
-        sock = self._socket()
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
-        wait_s = timeout_s or self.timeout_s
-        deadline = time.monotonic() + wait_s
-        while True:
-            remaining = deadline - time.monotonic()
-            ready = dict(poller.poll(int(remaining * 1000))) if remaining > 0 else {}
+    def _next(self, call: Call) -> Reply:
+        """The call's next reply frame (stale frames of abandoned requests are skipped)."""
+        sock, poller = self._socket(), self._poller()
+        call.expect_frame()
+        while (ms := call.poll_ms()) is not None:
+            ready = dict(poller.poll(ms))
             if sock in ready:  # frames that came before a disconnect are still good: read them first
-                reply = decode_reply(sock.recv())
-                if request_id is None or reply.id == request_id:
+                if (reply := call.on_frame(sock.recv())) is not None:
                     return reply
             elif self._monitor in ready:
-                self._fail(self._pending_events(), in_flight=True)
-            else:
-                self.close()
-                raise self._timeout(what, wait_s)
+                call.on_events(self._events())
+        raise call.timed_out()
 
     def stream(self, msg_type: str, body: dict | None = None, session: str | None = None,
                request_id: str | None = None, retry: Retry | None = None) -> Iterator[Reply | Restart]:
@@ -269,35 +316,26 @@ class Client(_Base):
         With ``retry``, a transient failure re-sends the request with the same id after a backoff,
         and a ``Restart`` is yielded first: frames of the failed attempt are to be discarded.
         """
-        request_id = request_id or new_request_id()
-        attempts = _Attempts(retry)
+        call = self._call(msg_type, body, session, request_id, retry)
         while True:
             try:
-                yield from self._attempt(msg_type, body, session, request_id, attempts)
+                self._send(call)
+                while not call.done:
+                    yield self._next(call)
                 return
             except ServiceError as err:
-                restart = attempts.restart_after(err)  # or raises err
+                self._failed(err)
+                restart = call.restart_after(err)  # or raises err
             yield restart
             time.sleep(restart.delay_s)
-
-    def _attempt(self, msg_type: str, body: dict | None, session: str | None, request_id: str,
-                 attempts: _Attempts) -> Iterator[Reply]:
-        self.send_raw(encode_request(msg_type, body, session=session, request_id=request_id))
-        wait_s = attempts.first_wait_s(self.timeout_s)
-        while True:
-            reply = self._raise_if_error(self.recv_reply(request_id, timeout_s=wait_s, what=msg_type))
-            yield reply
-            if reply.final:
-                return
-            wait_s = None  # the service is answering: from now on each frame gets the full timeout
 
     def request(self, msg_type: str, body: dict | None = None, session: str | None = None,
                 request_id: str | None = None, retry: Retry | None = None) -> dict:
         """Send one request and return the final body."""
-        for reply in self.stream(msg_type, body, session, request_id, retry):
-            if isinstance(reply, Reply) and reply.final:
-                return reply.body
-        raise AssertionError("unreachable")
+        for item in self.stream(msg_type, body, session, request_id, retry):
+            if (final := _final_body(item)) is not None:
+                return final
+        raise AssertionError("unreachable: a stream ends with its final reply or raises")
 
     def health(self) -> dict:
         return self.request("health")
@@ -317,78 +355,92 @@ class Client(_Base):
                                 retry=retry):
             yield _generate_piece(item)
 
+    # --- raw frames, for tests of hostile input -----------------------------------------------------
+    def send_raw(self, frame: bytes) -> None:
+        """Send one frame as-is."""
+        self._raw(self._send, _RawCall(self.endpoint, frame, self.timeout_s))
+
+    def recv_reply(self, request_id: str | None = None, timeout_s: float | None = None) -> Reply:
+        """The next reply frame (for ``request_id`` if given), error replies included, undecided."""
+        return self._raw(self._next, _RawCall(self.endpoint, b"", timeout_s or self.timeout_s, request_id))
+
+    def _raw(self, step: Callable[[Call], Any], call: Call) -> Any:
+        try:
+            return step(call)
+        except ServiceError as err:
+            self._failed(err)
+            raise
+
+
+class _RawCall(Call):
+    """A call that sends a given frame and hands back any reply as it is (``send_raw`` / ``recv_reply``)."""
+
+    def __init__(self, endpoint: str, frame: bytes, timeout_s: float, request_id: str | None = None):
+        super().__init__(endpoint, "raw frame", None, None, request_id, timeout_s)
+        self.frame, self.any_id = frame, request_id is None
+
+    def on_frame(self, data: bytes) -> Reply | None:
+        reply = decode_reply(data)
+        return reply if self.any_id or reply.id == self.request_id else None
+
 
 class AsyncClient(_Base):
     """asyncio client for robot stacks; same calls as ``Client``, awaitable."""
+
+    _poller_cls = zmq.asyncio.Poller
 
     def __init__(self, endpoint: str, timeout_s: float = 60.0, curve: CurveKeys | None = None):
         super().__init__(endpoint, timeout_s, curve)
         self._ctx = zmq.asyncio.Context.instance()
 
-    async def _fail(self, in_flight: bool) -> None:
+    async def _events(self) -> list[int]:
         events = []
         while await self._monitor.poll(0):
             events.append(parse_monitor_message(await self._monitor.recv_multipart())["event"])
-        error = self._event_error(events, in_flight)
-        if error is not None:
-            self.close()
-            raise error
+        return events
 
-    async def _recv_reply(self, request_id: str, timeout_s: float, what: str) -> Reply:
+    async def _send(self, call: Call) -> None:
+        if (err := call.unreachable()) is not None:
+            raise err
         sock = self._socket()
-        poller = zmq.asyncio.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(self._monitor, zmq.POLLIN)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            remaining = deadline - time.monotonic()
-            ready = dict(await poller.poll(int(remaining * 1000))) if remaining > 0 else {}
+        call.on_events(await self._events(), in_flight=False)  # forget disconnects of earlier requests
+        await sock.send(call.frame)
+
+    async def _next(self, call: Call) -> Reply:
+        sock, poller = self._socket(), self._poller()
+        call.expect_frame()
+        while (ms := call.poll_ms()) is not None:
+            ready = dict(await poller.poll(ms))
             if sock in ready:  # frames that came before a disconnect are still good: read them first
-                reply = decode_reply(await sock.recv())
-                if reply.id == request_id:
+                if (reply := call.on_frame(await sock.recv())) is not None:
                     return reply
             elif self._monitor in ready:
-                await self._fail(in_flight=True)
-            else:
-                self.close()
-                raise self._timeout(what, timeout_s)
+                call.on_events(await self._events())
+        raise call.timed_out()
 
     async def stream(self, msg_type: str, body: dict | None = None, session: str | None = None,
                      request_id: str | None = None, retry: Retry | None = None
                      ) -> AsyncIterator[Reply | Restart]:
         """As ``Client.stream``."""
-        request_id = request_id or new_request_id()
-        attempts = _Attempts(retry)
+        call = self._call(msg_type, body, session, request_id, retry)
         while True:
             try:
-                async for reply in self._attempt(msg_type, body, session, request_id, attempts):
-                    yield reply
+                await self._send(call)
+                while not call.done:
+                    yield await self._next(call)
                 return
             except ServiceError as err:
-                restart = attempts.restart_after(err)  # or raises err
+                self._failed(err)
+                restart = call.restart_after(err)  # or raises err
             yield restart
             await asyncio.sleep(restart.delay_s)
 
-    async def _attempt(self, msg_type: str, body: dict | None, session: str | None, request_id: str,
-                       attempts: _Attempts) -> AsyncIterator[Reply]:
-        self._check_reachable()
-        sock = self._socket()
-        await self._fail(in_flight=False)  # forget disconnects of earlier requests
-        await sock.send(encode_request(msg_type, body, session=session, request_id=request_id))
-        wait_s = attempts.first_wait_s(self.timeout_s)
-        while True:
-            reply = self._raise_if_error(await self._recv_reply(request_id, wait_s, msg_type))
-            yield reply
-            if reply.final:
-                return
-            wait_s = self.timeout_s
-
     async def request(self, msg_type: str, body: dict | None = None, session: str | None = None,
                       request_id: str | None = None, retry: Retry | None = None) -> dict:
-        async for reply in self.stream(msg_type, body, session, request_id, retry):
-            if isinstance(reply, Reply) and reply.final:
-                return reply.body
-        raise AssertionError("unreachable")
+        async for item in self.stream(msg_type, body, session, request_id, retry):
+            if (final := _final_body(item)) is not None:
+                return final
+        raise AssertionError("unreachable: a stream ends with its final reply or raises")
 
     async def health(self) -> dict:
         return await self.request("health")

@@ -36,7 +36,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
 import msgpack
@@ -44,7 +43,7 @@ import psutil
 import zmq
 
 from shared import shm
-from shared.config import Config
+from shared.config import Config, ipc_path
 from shared.logs import configure_logging
 from shared.metrics import INVALID_TYPE, metrics_for
 from shared.security import CurveServer, needs_curve
@@ -179,8 +178,8 @@ class Service:
         self._stopping.set()
 
     def _bind(self) -> zmq.Socket:
-        if self.endpoint.startswith("ipc://"):
-            path = Path(self.endpoint[len("ipc://"):])
+        path = ipc_path(self.endpoint)
+        if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             if path.exists():
                 path.unlink()  # a stale socket file from a killed predecessor
@@ -251,9 +250,18 @@ class Service:
         replies.close(linger=0)
         if self._curve is not None:
             self._curve.stop()
-        if self.endpoint.startswith("ipc://"):
-            Path(self.endpoint[len("ipc://"):]).unlink(missing_ok=True)
+        if (path := ipc_path(self.endpoint)) is not None:
+            path.unlink(missing_ok=True)
         self.log.info("service_stopped")
+
+    def _account(self, msg_type: str, received_at: float, code: str | None = None,
+                 started_at: float | None = None) -> None:
+        """The one place a final reply is counted: in the metrics always, and as a telemetry sample when a
+        worker ran it (``started_at``: when it left the queue). ``code`` is the error code, None for ok."""
+        now = time.monotonic()
+        self.metrics.observe_request(msg_type, now - received_at, code)
+        if started_at is not None:
+            self.telemetry.request_done(msg_type, now - received_at, started_at - received_at, code)
 
     def _on_frame(self, frontend: zmq.Socket, frames: list[bytes]) -> None:
         if len(frames) < 2:
@@ -265,16 +273,16 @@ class Service:
                                  handled=set(self._handlers) | self.scheduled | set(self._inline))
         except ProtocolError as err:
             self.log.warning("bad_request", code=err.code, error=err.message)
-            self.metrics.observe_request(INVALID_TYPE, time.monotonic() - received_at, err.code)
+            self._account(INVALID_TYPE, received_at, err.code)
             frontend.send_multipart(header + [encode_error(err.request_id, err.code, err.message)])
             return
         if req.type in self._inline:
             reply = encode_reply(req.id, "ok", self._inline[req.type]())
-            self.metrics.observe_request(req.type, time.monotonic() - received_at)
+            self._account(req.type, received_at)
             frontend.send_multipart(header + [reply])
             return
         if self._stopping.is_set():
-            self.metrics.observe_request(req.type, time.monotonic() - received_at, ErrorCode.SHUTTING_DOWN)
+            self._account(req.type, received_at, ErrorCode.SHUTTING_DOWN)
             frontend.send_multipart(header + [encode_error(req.id, ErrorCode.SHUTTING_DOWN,
                                                            f"{self.name} is shutting down")])
             return
@@ -291,23 +299,23 @@ class Service:
             self._jobs.put_nowait(Job(header, req, received_at))
             self._inflight[key] = []
         except queue.Full:
-            self.metrics.observe_request(req.type, time.monotonic() - received_at, ErrorCode.BUSY)
+            self._account(req.type, received_at, ErrorCode.BUSY)
             frontend.send_multipart(header + [encode_error(
                 req.id, ErrorCode.BUSY, f"{self.name} queue is full ({self._jobs.maxsize}); retry later")])
 
     def _forward(self, frontend: zmq.Socket, frames: list[bytes]) -> None:
         """Send a worker's reply to its client; a final one also to waiting retries, and remember an ok.
 
-        Workers prefix each reply with a frame ``[session, id, kind, type, received_at, error code]``
+        Workers prefix each reply with a frame ``[session, id, kind, type, received_at, started_at, error code]``
         for this bookkeeping.
         """
-        session, request_id, kind, msg_type, received_at, code = msgpack.unpackb(frames[0])
+        session, request_id, kind, msg_type, received_at, started_at, code = msgpack.unpackb(frames[0])
         payload = frames[-1]
         if kind == "event":
             frontend.send_multipart(frames[1:])
             return
         # Counted before it leaves, so a client holding the reply finds it in the metrics.
-        self.metrics.observe_request(msg_type, time.monotonic() - received_at, code)
+        self._account(msg_type, received_at, code, started_at)
         frontend.send_multipart(frames[1:])
         key = (session, request_id)
         for header in self._inflight.pop(key, []):
@@ -371,10 +379,8 @@ class Service:
 
     def send_frame(self, job: Job, out: zmq.Socket, kind: str, payload: bytes, code: str | None = None) -> None:
         req = job.request
-        bookkeeping = msgpack.packb([req.session, req.id, kind, req.type, job.received_at, code])
+        bookkeeping = msgpack.packb([req.session, req.id, kind, req.type, job.received_at, job.started_at, code])
         out.send_multipart([bookkeeping] + job.header + [payload])
-        if kind != "event":
-            self.telemetry.request_done(req.type, job.received_at, job.started_at, code)
 
     def fail(self, job: Job, out: zmq.Socket, exc: Exception) -> None:
         """The typed error reply for a failed job; unexpected exceptions are logged as handler bugs."""

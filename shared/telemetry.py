@@ -20,7 +20,7 @@ import psutil
 import zmq
 
 from shared import security
-from shared.config import Config
+from shared.config import Config, ipc_path
 from shared.protocol import encode_request
 
 _BUFFER_SAMPLES = 4096
@@ -59,12 +59,10 @@ class Telemetry:
                 self.dropped += 1
             self._buffer.append(sample)
 
-    def request_done(self, request_type: str, received_at: float, started_at: float | None,
-                     code: str | None) -> None:
+    def request_done(self, request_type: str, latency_s: float, queue_wait_s: float, code: str | None) -> None:
         """The generic sample of one finished request: latency, queue wait, ok (no error code) or the code."""
-        now = time.monotonic()
-        self.report({"type": request_type, "latency_s": round(now - received_at, 6),
-                     "queue_wait_s": round((started_at or now) - received_at, 6), "ok": code is None, "code": code})
+        self.report({"type": request_type, "latency_s": round(latency_s, 6), "queue_wait_s": round(queue_wait_s, 6),
+                     "ok": code is None, "code": code})
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"{self.service}-telemetry", daemon=True)
@@ -105,7 +103,8 @@ class Telemetry:
         batch = self._take()
         frame = encode_request("telemetry", {"service": self.service, "pid": os.getpid(), "samples": batch,
                                              "system": self._system()})
-        if self.endpoint.startswith("ipc://") and not Path(self.endpoint[len("ipc://"):]).exists():
+        socket_file = ipc_path(self.endpoint)
+        if socket_file is not None and not socket_file.exists():
             self.dropped += len(batch)
             return
         try:

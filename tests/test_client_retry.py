@@ -12,7 +12,7 @@ import msgpack
 import pytest
 import zmq
 
-from shared.client import AsyncClient, Client, Restart, Retry, ServiceError, _Attempts
+from shared.client import AsyncClient, Call, Client, Restart, Retry, ServiceError
 from shared.protocol import encode_error, encode_reply
 
 CRASH = "crash"  # script step: close the socket (the client sees a disconnect), bind again a moment later
@@ -67,13 +67,16 @@ def endpoint(tmp_path):
 
 def test_backoff_doubles_up_to_the_cap_and_gives_up_at_the_deadline():
     seen = []
-    attempts = _Attempts(Retry(deadline_s=5, first_backoff_s=0.1, max_backoff_s=0.3, on_retry=seen.append))
+    now = [0.0]
+    attempts = Call("ipc:///nowhere", "health", None, None, None, timeout_s=1,
+                    retry=Retry(deadline_s=5, first_backoff_s=0.1, max_backoff_s=0.3, on_retry=seen.append),
+                    clock=lambda: now[0])
     delays = [attempts.restart_after(ServiceError("busy", "full")).delay_s for _ in range(4)]
     assert delays == [0.1, 0.2, 0.3, 0.3] and [r.attempt for r in seen] == [2, 3, 4, 5]
     with pytest.raises(ServiceError) as info:
         attempts.restart_after(ServiceError("bad_request", "no"))
     assert info.value.code == "bad_request"  # never retried
-    attempts.started -= 10  # the deadline has passed
+    now[0] = 10.0  # the deadline has passed
     with pytest.raises(ServiceError) as info:
         attempts.restart_after(ServiceError("unavailable", "down"))
     assert info.value.code == "unavailable" and "gave up after 5 attempt(s)" in info.value.message
@@ -173,3 +176,29 @@ def test_bad_retry_settings_are_refused():
         Retry(deadline_s=0)
     with pytest.raises(ValueError, match="first_backoff_s"):
         Retry(first_backoff_s=5, max_backoff_s=1)
+
+
+def test_call_reads_frames_and_events_without_io():
+    """The client core decides what frames and monitor events mean; no socket is involved."""
+    now = [0.0]
+    call = Call("tcp://127.0.0.1:1", "generate", {"prompt": "hi"}, "s", "req-1", timeout_s=7,
+                retry=Retry(deadline_s=2), clock=lambda: now[0])
+    assert msgpack.unpackb(call.frame)["id"] == "req-1" and call.wait_s() == 2  # the deadline bounds the first frame
+    assert call.on_frame(encode_reply("someone-else", "ok", {})) is None  # stale: skipped
+    assert call.on_frame(encode_reply("req-1", "event", {"text": "a"})).body == {"text": "a"}
+    assert call.wait_s() == 7 and not call.done  # answering: each frame gets the full timeout
+    call.on_events([zmq.EVENT_DISCONNECTED], in_flight=False)  # between requests: nothing
+    with pytest.raises(ServiceError, match="went away") as info:
+        call.on_events([zmq.EVENT_DISCONNECTED])
+    assert info.value.code == "unavailable"
+    with pytest.raises(ServiceError) as info:
+        call.on_events([zmq.EVENT_HANDSHAKE_FAILED_AUTH], in_flight=False)
+    assert info.value.code == "unauthorized"
+    with pytest.raises(ServiceError) as info:
+        call.on_frame(encode_error("req-1", "busy", "queue full"))
+    assert info.value.code == "busy" and call.restart_after(info.value).attempt == 2
+    assert call.on_frame(encode_reply("req-1", "ok", {"text": "done"})).final and call.done
+    call.expect_frame()
+    assert call.poll_ms() == 7000
+    now[0] = 7.5
+    assert call.poll_ms() is None and call.timed_out().code == "timeout" and "7s" in call.timed_out().message

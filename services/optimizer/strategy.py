@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from shared.config import TunableSettings
+from shared.config import TunableSettings, error_lines
 
 FORMAT = "magnitude-strategy"
 VERSION = 1
@@ -74,9 +74,7 @@ def parse(data: Any) -> Strategy:
     try:
         return Strategy.model_validate(data)
     except ValidationError as err:
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise StrategyRejected(f"{where}: {first['msg']} ({err.error_count()} problem(s))") from None
+        raise StrategyRejected("; ".join(error_lines(err))) from None
 
 
 def load(path: Path, log) -> Strategy | None:

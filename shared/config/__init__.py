@@ -17,17 +17,17 @@ import yaml
 from pydantic import Field, ValidationError
 
 from shared.config.agent import BUILTIN_TOOLS, FINAL_ANSWER, AgentConfig, SandboxLimits, ToolConfig
-from shared.config.base import SERVICE_NAMES, WATCHDOG_NAME, ConfigError, Section, describe_errors, magnitude_home
+from shared.config.base import SERVICE_NAMES, WATCHDOG_NAME, ConfigError, Section, error_lines, magnitude_home
 from shared.config.engine import DEFAULT_MODEL_FILE, KNOBS, REBUILD_KNOBS, EngineConfig, TunableSettings
 from shared.config.memory import DEFAULT_EMBEDDING_MODEL_FILE, ContextBudget, MemoryConfig
 from shared.config.operations import OptimizerConfig, ThermalConfig, WatchdogConfig
-from shared.config.runtime import MetricsConfig, RuntimeConfig
+from shared.config.runtime import MetricsConfig, RuntimeConfig, ipc_path
 
 __all__ = ["BUILTIN_TOOLS", "DEFAULT_EMBEDDING_MODEL_FILE", "DEFAULT_MODEL_FILE", "FINAL_ANSWER", "KNOBS",
            "REBUILD_KNOBS", "SERVICE_NAMES", "WATCHDOG_NAME", "AgentConfig", "Config", "ConfigError",
            "ContextBudget", "EngineConfig", "MemoryConfig", "MetricsConfig", "OptimizerConfig", "RuntimeConfig",
-           "SandboxLimits", "ThermalConfig", "ToolConfig", "TunableSettings", "WatchdogConfig", "dump_config",
-           "load_config", "magnitude_home", "parse_config"]
+           "SandboxLimits", "ThermalConfig", "ToolConfig", "TunableSettings", "WatchdogConfig", "dump_config", "error_lines",
+           "ipc_path", "load_config", "magnitude_home", "parse_config"]
 
 
 class Config(Section):
@@ -48,7 +48,7 @@ def parse_config(data: Any, source: str = "<config>") -> Config:
     try:
         return Config.model_validate(data)
     except ValidationError as err:
-        raise ConfigError(f"{source}: invalid configuration\n{describe_errors(err)}") from None
+        raise ConfigError(f"{source}: invalid configuration\n" + "\n".join(f"  {line}" for line in error_lines(err))) from None
 
 
 def load_config(path: str | Path | None = None) -> Config:

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 
-from shared.config.base import Section, describe_errors
+from shared.config.base import Section, error_lines
 
 #: Tools the tool service implements itself (``kind: builtin``).
 BUILTIN_TOOLS = ("calculator", "file_reader", "memory_search")
@@ -85,7 +85,7 @@ class AgentConfig(Section):
             try:
                 SandboxLimits.model_validate(t.limits)
             except ValidationError as err:
-                raise ValueError(f"tool {t.name!r} limits: {describe_errors(err).strip()}") from None
+                raise ValueError(f"tool {t.name!r} limits: {'; '.join(error_lines(err))}") from None
         return tools
 
     def limits_for(self, tool: ToolConfig) -> SandboxLimits:

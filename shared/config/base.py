@@ -32,12 +32,12 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-def describe_errors(err: ValidationError) -> str:
-    """One indented line per problem: where, what, and the value given."""
+def error_lines(err: ValidationError) -> list[str]:
+    """One line per problem: where, what, and the value given (every config and settings error reads alike)."""
     lines = []
     for e in err.errors():
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
         got = e.get("input")
         got_text = "" if isinstance(got, dict) else f" (got {got!r})"
-        lines.append(f"  {where}: {e['msg']}{got_text}")
-    return "\n".join(lines)
+        lines.append(f"{where}: {e['msg']}{got_text}")
+    return lines

@@ -9,6 +9,14 @@ from pydantic import Field, field_validator
 
 from shared.config.base import SERVICE_NAMES, WATCHDOG_NAME, Section, magnitude_home, require_known_services
 
+IPC = "ipc://"
+
+
+def ipc_path(endpoint: str) -> Path | None:
+    """The socket file of an ``ipc://`` endpoint; None for other transports."""
+    return Path(endpoint[len(IPC):]) if endpoint.startswith(IPC) else None
+
+
 class RuntimeConfig(Section):
     runtime_dir: Path | None = Field(None, description="ipc sockets and pid files; default MAGNITUDE_HOME/run")
     data_dir: Path | None = Field(None, description="databases and strategy; default MAGNITUDE_HOME/data")
@@ -41,7 +49,7 @@ class RuntimeConfig(Section):
         return self.data_dir or magnitude_home() / "data"
 
     def endpoint(self, service: str) -> str:
-        return self.endpoints.get(service) or f"ipc://{self.run_dir() / service}.sock"
+        return self.endpoints.get(service) or f"{IPC}{self.run_dir() / service}.sock"
 
     def resolved_keys_dir(self) -> Path:
         return self.keys_dir or self.resolved_data_dir() / "keys"
