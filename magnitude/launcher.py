@@ -11,7 +11,12 @@ import time
 
 from shared import process
 from shared.config import SERVICE_NAMES, WATCHDOG_NAME, Config
+from shared.config.operations import WATCHDOG_BACKEND_ENV
 from shared.health import ServiceStatus, probe
+
+#: What the launcher tells a process it starts: the watchdog supervises these local processes, never
+#: containers, whatever ``watchdog.backend: auto`` would guess on a box that has a docker socket.
+PROCESS_ENV = {WATCHDOG_NAME: {WATCHDOG_BACKEND_ENV: "local"}}
 
 
 def start(config: Config, name: str, config_path: str | None, wait_s: float = 120.0,
@@ -22,7 +27,7 @@ def start(config: Config, name: str, config_path: str | None, wait_s: float = 12
         if status.healthy:
             progress(f"{name}: already running (pid {status.detail.get('pid')})")
             return status
-    proc = process.spawn(config, name, config_path)
+    proc = process.spawn(config, name, config_path, PROCESS_ENV.get(name))
     log = process.log_file(config, name)
     progress(f"{name}: starting (pid {proc.pid}, log {log})")
     deadline = time.monotonic() + wait_s

@@ -58,12 +58,14 @@ def read_pid(config: Config, name: str) -> int | None:
     return None
 
 
-def spawn(config: Config, name: str, config_path: str | None) -> subprocess.Popen:
+def spawn(config: Config, name: str, config_path: str | None,
+          extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``python -m services.<name>`` in its own session (it outlives its parent) and write its pid file."""
     run_dir = config.runtime.run_dir()
     run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     cmd = [sys.executable, "-m", f"services.{name}"] + (["--config", str(config_path)] if config_path else [])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    env = dict(os.environ, **(extra_env or {}),
+               PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])))
     with open(log_file(config, name), "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                 start_new_session=True)

@@ -24,8 +24,9 @@ def test_every_launcher_service_has_a_container_and_vice_versa():
         module = service_module(svc["command"])
         if module:
             assert (REPO / module.replace(".", "/") / "__main__.py").is_file(), name
-        else:
-            assert (REPO / svc["command"][1]).is_file(), f"{name}: {svc['command']}"
+        else:  # a setup job: docker/with-packages PIP_ARGS -- python scripts/X.py ...
+            files = [arg for arg in svc["command"] if arg.startswith(("docker/", "scripts/"))]
+            assert files and all((REPO / f).is_file() for f in files), f"{name}: {svc['command']}"
 
 
 def test_healthchecks_call_the_health_script_for_their_own_service():
@@ -43,9 +44,12 @@ def test_volumes_are_declared_and_config_exists():
     declared = set(COMPOSE["volumes"])
     for name, svc in COMPOSE["services"].items():
         for mount in svc.get("volumes", []):
-            source = mount.split(":")[0]
-            if source.startswith("/"):  # the one host path: the docker socket, for the watchdog only
+            source, target = mount.removesuffix(":ro").rsplit(":", 1)
+            if source.startswith("/"):  # the docker socket, for the watchdog only
                 assert (name, source) == ("watchdog", "/var/run/docker.sock"), mount
+            elif target == "/wheelhouse":  # read-only, for the setup jobs that install model packages
+                assert service_module(svc["command"]) is None and mount.endswith(":ro"), mount
+                assert source == "${MAGNITUDE_WHEELHOUSE:-./wheelhouse}" and (REPO / "wheelhouse").is_dir()
             else:
                 assert source in declared
     assert (REPO / "Dockerfile").is_file()
@@ -69,3 +73,14 @@ def test_docker_compose_validates_the_file():
     out = subprocess.run(["docker-compose", "-f", str(REPO / "compose.yaml"), "config", "-q"],
                          capture_output=True, text=True, cwd=REPO)
     assert out.returncode == 0, out.stderr
+
+
+def test_only_the_watchdog_gets_docker_and_it_is_told_so():
+    for name, svc in COMPOSE["services"].items():
+        if name == "watchdog":
+            # root only until docker/entrypoint has added the socket's group and dropped to magnitude
+            assert svc["user"] == "root" and svc["environment"]["MAGNITUDE_WATCHDOG_BACKEND"] == "docker"
+            assert "setpriv --reuid=magnitude" in (REPO / "docker" / "entrypoint").read_text()
+        else:
+            assert "user" not in svc, name  # the image's user: magnitude
+            assert "MAGNITUDE_WATCHDOG_BACKEND" not in svc.get("environment", {}), name

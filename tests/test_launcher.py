@@ -1,5 +1,6 @@
 """`magnitude up / health / down` as a user runs them, against the real model."""
 
+import json
 import os
 import subprocess
 import sys
@@ -20,12 +21,18 @@ def magnitude(config_path, *args, timeout=180):
 def test_up_health_generate_down(tmp_path_factory):
     require_model()
     home = tmp_path_factory.mktemp("l", numbered=True)
-    config_path = write_config(home, make_config(home))
+    config = make_config(home)
+    # Even a config that says docker (or auto on a box that is a container with a docker socket) must
+    # not make the launcher's watchdog look for containers: `magnitude up` passes the local backend.
+    config.watchdog.backend = "docker"
+    config_path = write_config(home, config)
     try:
         up = magnitude(config_path, "up")
         assert up.returncode == 0, up.stdout + up.stderr
         health = magnitude(config_path, "health")
         assert health.returncode == 0 and "inference" in health.stdout and "healthy" in health.stdout
+        watchdog = json.loads(magnitude(config_path, "health", "--service", "watchdog", "--json").stdout)
+        assert watchdog[0]["backend"] == "local", watchdog
         gen = magnitude(config_path, "generate", "--chat", "Say hello to the robot.", "--max-tokens", "12")
         assert gen.returncode == 0 and gen.stdout.strip(), gen.stderr
         assert '"completion_tokens"' in gen.stderr

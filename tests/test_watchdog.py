@@ -291,8 +291,79 @@ def test_docker_backend_restarts_kills_and_pins():
 
 def test_backend_choice_and_an_unreachable_docker_api(monkeypatch, tmp_path):
     from services.watchdog import backends
+    monkeypatch.delenv("MAGNITUDE_WATCHDOG_BACKEND", raising=False)
     monkeypatch.setattr(backends, "DOCKER_SOCKET", tmp_path / "no-docker.sock")
-    assert backends.make_backend(parse_config({}), None).kind == "local"  # auto without a docker socket
+    assert backends.choose_backend(parse_config({}))[0] == "local"  # auto without a docker socket
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    config = parse_config({"watchdog": {"backend": "docker"}})
+    assert backends.choose_backend(config) == ("docker", "watchdog.backend")
     with pytest.raises(ValueError, match="cannot reach the docker API"):
-        backends.make_backend(parse_config({"watchdog": {"backend": "docker"}}), None)
+        backends.make_backend("docker", config, None)
+
+
+class FakeDockerAPI:
+    """docker.from_env() of a box whose engine answers; ``own`` is the container this process runs in."""
+
+    def __init__(self, own: FakeContainer | None):
+        import docker
+        self.containers = self
+        self.own, self.errors = own, docker.errors
+
+    def ping(self):
+        return True
+
+    def get(self, container_id):
+        if self.own is None:
+            raise self.errors.NotFound(f"no such container: {container_id}")
+        return self.own
+
+
+@pytest.fixture
+def container_with_docker_socket(monkeypatch, tmp_path):
+    """This process in a container that has /var/run/docker.sock; the test says which container it is."""
+    from services.watchdog import backends
+    monkeypatch.delenv("MAGNITUDE_WATCHDOG_BACKEND", raising=False)
+    socket_path = tmp_path / "docker.sock"
+    socket_path.touch()
+    monkeypatch.setattr(backends, "DOCKER_SOCKET", socket_path)
+    monkeypatch.setattr(backends, "in_container", lambda: True)
+
+    def be_in(own: FakeContainer | None):
+        monkeypatch.setattr("docker.from_env", lambda: FakeDockerAPI(own))
+    return be_in
+
+
+def test_auto_on_a_dev_box_container_with_a_docker_socket_is_local(container_with_docker_socket):
+    """The bug this guards: a dev machine that is a container with a docker socket picked docker for the
+    processes of `magnitude up`, and supervised nothing. Only a compose container means docker."""
+    from services.watchdog.backends import choose_backend
+    container_with_docker_socket(None)  # the engine does not know this container (it runs elsewhere)
+    assert choose_backend(parse_config({})) == ("local", "watchdog.backend auto: not a compose container")
+    unlabelled = FakeContainer("x", "p")
+    unlabelled.labels = {}  # a container the engine knows, but not one of a compose project
+    container_with_docker_socket(unlabelled)
+    assert choose_backend(parse_config({}))[0] == "local"
+    container_with_docker_socket(FakeContainer("watchdog", "magnitude"))
+    kind, why = choose_backend(parse_config({}))
+    assert kind == "docker" and "compose container" in why
+
+
+def test_whoever_starts_the_watchdog_passes_its_backend(container_with_docker_socket, monkeypatch):
+    from services.watchdog import backends
+    container_with_docker_socket(FakeContainer("watchdog", "magnitude"))  # auto alone would say docker
+    monkeypatch.setenv("MAGNITUDE_WATCHDOG_BACKEND", "local")  # what `magnitude up` passes
+    for configured in ("auto", "docker"):
+        config = parse_config({"watchdog": {"backend": configured}})
+        assert backends.choose_backend(config) == ("local", "$MAGNITUDE_WATCHDOG_BACKEND")
+        assert backends.make_backend("local", config, None).kind == "local"
+    monkeypatch.setenv("MAGNITUDE_WATCHDOG_BACKEND", "docker")  # what compose.yaml passes
+    assert backends.choose_backend(parse_config({"watchdog": {"backend": "local"}}))[0] == "docker"
+    monkeypatch.setenv("MAGNITUDE_WATCHDOG_BACKEND", "k8s")
+    with pytest.raises(ValueError, match="MAGNITUDE_WATCHDOG_BACKEND='k8s'"):
+        backends.choose_backend(parse_config({}))
+
+
+def test_launcher_passes_the_local_backend_to_the_watchdog_only():
+    from magnitude.launcher import PROCESS_ENV
+    from shared.config import WATCHDOG_NAME
+    assert PROCESS_ENV == {WATCHDOG_NAME: {"MAGNITUDE_WATCHDOG_BACKEND": "local"}}

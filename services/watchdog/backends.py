@@ -6,6 +6,7 @@ restart it, give it priority), so the supervisor's logic is the same for both.
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from typing import Any, Protocol
@@ -15,6 +16,7 @@ import psutil
 from shared import process
 from services.watchdog.priority import pin_process, renice_process
 from shared.config import Config
+from shared.config.operations import BACKEND_KINDS, WATCHDOG_BACKEND_ENV
 
 DOCKER_SOCKET = Path("/var/run/docker.sock")
 SERVICE_LABEL = "com.docker.compose.service"
@@ -97,18 +99,9 @@ class DockerBackend:
     @classmethod
     def from_env(cls, project: str | None) -> "DockerBackend":
         """Connect through DOCKER_HOST or the mounted socket; the project defaults to our own container's."""
-        import docker  # only the docker backend needs the SDK and a socket
-
-        try:
-            client = docker.from_env()
-            client.ping()
-        except docker.errors.DockerException as err:
-            raise ValueError(f"watchdog.backend docker: cannot reach the docker API ({err})") from None
+        client = docker_client()
         if project is None:
-            try:  # a container's hostname is its short id
-                project = client.containers.get(socket.gethostname()).labels.get(PROJECT_LABEL)
-            except docker.errors.DockerException:
-                project = None  # not in a compose container: match services of any project
+            project = own_container_labels(client).get(PROJECT_LABEL)  # None: match services of any project
         return cls(client, project)
 
     def _container(self, name: str) -> Any:
@@ -153,15 +146,59 @@ class DockerBackend:
         self._container(name).update(cpuset_cpus=",".join(str(c) for c in sorted(cpus)))
 
 
+def docker_client() -> Any:
+    """A client of the docker API (DOCKER_HOST, else the socket), or ValueError saying why there is none."""
+    import docker  # only the docker backend needs the SDK and a socket
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException as err:
+        raise ValueError(f"watchdog.backend docker: cannot reach the docker API ({err})") from None
+    return client
+
+
+def own_container_labels(client: Any) -> dict[str, str]:
+    """The labels of the container this process runs in; {} outside one, or where the API does not know it."""
+    import docker
+
+    try:  # a container's hostname is its short id
+        return client.containers.get(socket.gethostname()).labels or {}
+    except docker.errors.DockerException:
+        return {}
+
+
 def in_container() -> bool:
     return Path("/.dockerenv").exists() or Path("/run/.containerenv").exists()
 
 
-def make_backend(config: Config, config_path: str | None) -> Backend:
-    """``watchdog.backend``; auto is docker inside a container that has the docker socket, else local."""
-    kind = config.watchdog.backend
-    if kind == "auto":
-        kind = "docker" if in_container() and DOCKER_SOCKET.exists() else "local"
+def in_compose_container() -> bool:
+    """True in a container of a compose project that can reach the docker API. A development box that
+    is itself a container with a docker socket is not one: the services it runs are local processes."""
+    if not (in_container() and DOCKER_SOCKET.exists()):
+        return False
+    try:
+        return PROJECT_LABEL in own_container_labels(docker_client())
+    except ValueError:
+        return False
+
+
+def choose_backend(config: Config) -> tuple[str, str]:
+    """(kind, why). Whoever started the services says how they run: ``magnitude up`` passes local and
+    compose.yaml docker in $MAGNITUDE_WATCHDOG_BACKEND; else ``watchdog.backend``. ``auto`` is docker only
+    inside a compose container, never for the processes of a development box that has a docker socket."""
+    passed = os.environ.get(WATCHDOG_BACKEND_ENV)
+    if passed and passed not in BACKEND_KINDS:
+        raise ValueError(f"{WATCHDOG_BACKEND_ENV}={passed!r}: must be one of {', '.join(BACKEND_KINDS)}")
+    kind, why = (passed, f"${WATCHDOG_BACKEND_ENV}") if passed else (config.watchdog.backend, "watchdog.backend")
+    if kind != "auto":
+        return kind, why
+    if in_compose_container():
+        return "docker", f"{why} auto: a compose container that reaches the docker API"
+    return "local", f"{why} auto: not a compose container"
+
+
+def make_backend(kind: str, config: Config, config_path: str | None) -> Backend:
     if kind == "docker":
         return DockerBackend.from_env(config.watchdog.compose_project)
     return LocalBackend(config, config_path)

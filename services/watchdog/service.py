@@ -12,7 +12,7 @@ import os
 import threading
 from typing import Any
 
-from services.watchdog.backends import make_backend
+from services.watchdog.backends import choose_backend, make_backend
 from services.watchdog.supervisor import Supervisor
 from shared.config import WATCHDOG_NAME, Config
 from shared.service import Service
@@ -24,7 +24,9 @@ class WatchdogService(Service):
     def __init__(self, config: Config, endpoint: str | None = None):
         super().__init__(config, endpoint)
         # The runner exports the config file it was given, so restarted services read the same one.
-        backend = make_backend(config, os.environ.get("MAGNITUDE_CONFIG"))
+        kind, chosen_by = choose_backend(config)
+        backend = make_backend(kind, config, os.environ.get("MAGNITUDE_CONFIG"))
+        self.log.info("watchdog_backend", backend=kind, chosen_by=chosen_by)
         restarts = self.metrics.counter("restarts_total", "Service restarts by the watchdog.", ["service", "reason"])
         self.supervisor = Supervisor(config, backend, self.log,
                                      on_restart=lambda service, reason: restarts.labels(service, reason).inc())

@@ -47,13 +47,20 @@ class OptimizerConfig(Section):
     thermal: ThermalConfig = Field(default_factory=ThermalConfig)
 
 
+#: What the watchdog may supervise: compose containers through the docker API, or local processes.
+BACKEND_KINDS = ("auto", "local", "docker")
+#: Set by whoever starts the watchdog (``magnitude up``: local, compose.yaml: docker); wins over watchdog.backend.
+WATCHDOG_BACKEND_ENV = "MAGNITUDE_WATCHDOG_BACKEND"
+
+
 class WatchdogConfig(Section):
     """How the watchdog supervises the services: heartbeat, restarts, memory ceiling, inference priority."""
 
     enabled: bool = Field(True, description="`magnitude up` starts the watchdog after the services")
     backend: Literal["auto", "local", "docker"] = Field(
         "auto", description="docker: restart compose containers through the docker socket; local: processes "
-                            "with pid files; auto: docker when in a container with /var/run/docker.sock")
+                            "with pid files; auto: docker only in a compose container. $MAGNITUDE_WATCHDOG_BACKEND "
+                            "wins: `magnitude up` sets it to local, compose.yaml to docker")
     interval_s: float = Field(2.0, gt=0, le=3600, description="seconds between heartbeats of each service")
     health_timeout_s: float = Field(1.0, gt=0, le=60, description="a health request slower than this failed")
     hung_checks: int = Field(3, ge=1, le=1000, description="consecutive failed heartbeats of a live process: "
