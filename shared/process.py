@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from shared.config import Config
+from shared.security import private_dir
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -61,7 +62,7 @@ def read_pid(config: Config, name: str) -> int | None:
 def spawn(config: Config, name: str, config_path: str | None) -> subprocess.Popen:
     """Start ``python -m services.<name>`` in its own session (it outlives its parent) and write its pid file."""
     run_dir = config.runtime.run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(run_dir)
     cmd = [sys.executable, "-m", f"services.{name}"] + (["--config", str(config_path)] if config_path else [])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])))
     with open(log_file(config, name), "ab") as log:

@@ -31,6 +31,7 @@ import numpy as np
 import sqlite_vec
 
 from shared.protocol import ErrorCode, ProtocolError
+from shared.security import private_dir
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -79,7 +80,7 @@ class MemoryStore:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         self.db = apsw.Connection(str(self.path))
         self.db.enable_load_extension(True)
         self.db.load_extension(sqlite_vec.loadable_path())
