@@ -333,6 +333,7 @@ def decode_request(frame: bytes, *, max_frame_bytes: int, handled: set[str]) -> 
             if name not in body or body[name] is None:
                 if field_spec.required:
                     raise ProtocolError(ErrorCode.BAD_REQUEST, f"missing required field {name!r}", request_id)
+                body.pop(name, None)  # null means not given: a handler asking `name in body` must agree
                 continue
             _check_field(name, field_spec, body[name], request_id)
     return Request(request_id, msg_type, session, body)
