@@ -126,7 +126,7 @@ class Services:
             "agent": {"tools": [{"name": "calculator"}, {"name": "file_reader"}, {"name": "memory_search"}],
                       "file_roots": [str(home / "files")]},
             "engine": {"n_ctx": 512, "session_slots": 2, "self_optimize": False},
-            "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data")},
+            "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data"), "log_level": "error"},
             "metrics": {"enabled": False}})
         self.inference = InferenceService(config)
         with mock.patch("services.embedding.service.Embedder", lambda config: FakeEmbedder()):

@@ -70,6 +70,8 @@ def _filter_sql(filter: dict[str, Any] | None) -> tuple[str, list[Any]]:
             raise _bad(f"filter key {key!r} must be 1-64 chars of letters, digits, '_', '.', '-'")
         if not isinstance(value, _SCALARS):
             raise _bad(f"filter value for {key!r} must be a string, number or bool")
+        if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:  # SQLite's integers are 64-bit
+            raise _bad(f"filter value for {key!r} is outside the 64-bit integer range")
         clauses.append("json_extract(d.metadata, ?) = ?")
         params += [f'$."{key}"', value]
     return " AND " + " AND ".join(clauses), params
