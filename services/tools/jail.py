@@ -59,11 +59,16 @@ def _namespace_flags(network: bool) -> list[str]:
     return flags + ["--die-with-parent", "--new-session"]
 
 
+def _private_tmp(size_mb: int) -> list[str]:
+    """An empty, size-capped /tmp that any uid may write (the tool's working directory)."""
+    return ["--perms", "1777", "--size", str(size_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+
+
 def _probe(bwrap: str) -> str | None:
     """Why bwrap cannot sandbox here (None: it can)."""
     try:
-        done = subprocess.run([bwrap, *_namespace_flags(False), "--ro-bind", "/", "/", "--", "true"],
-                              capture_output=True, timeout=_PROBE_TIMEOUT_S)
+        done = subprocess.run([bwrap, *_namespace_flags(False), "--ro-bind", "/", "/", *_private_tmp(1),
+                               "--", "true"], capture_output=True, timeout=_PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"{bwrap} did not run: {exc}"
     if done.returncode != 0:
@@ -128,8 +133,7 @@ class Jail:
                 args += ["--symlink", os.readlink(link), link]
             elif os.path.isdir(link):
                 args += ["--ro-bind", link, link]
-        args += ["--proc", "/proc", "--dev", "/dev",
-                 "--perms", "1777", "--size", str(tmp_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+        args += ["--proc", "/proc", "--dev", "/dev", *_private_tmp(tmp_mb)]
         bound = [Path(p) for p in _SYSTEM_DIRS]
         args += self._binds(visible, bound)
         args += self._masks(lambda path: any(_under(path, b) for b in bound))
