@@ -18,6 +18,7 @@ from pathlib import Path
 import psutil
 
 from shared.config import Config
+from shared.security import private_dir
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,7 +63,7 @@ def spawn(config: Config, name: str, config_path: str | None,
           extra_env: dict[str, str] | None = None) -> subprocess.Popen:
     """Start ``python -m services.<name>`` in its own session (it outlives its parent) and write its pid file."""
     run_dir = config.runtime.run_dir()
-    run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_dir(run_dir)
     cmd = [sys.executable, "-m", f"services.{name}"] + (["--config", str(config_path)] if config_path else [])
     env = dict(os.environ, **(extra_env or {}),
                PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])))

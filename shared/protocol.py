@@ -76,6 +76,9 @@ class MessageSpec:
     fields: dict[str, Field] = field(default_factory=dict)
     streams: bool = False  # may answer with ``event`` frames before ``ok``
     doc: str = ""
+    #: Changes the box (engines, models, strategy, tools, stored data): on a tcp endpoint only a
+    #: CURVE-authenticated client may send it (see shared.security); others get ``unauthorized``.
+    privileged: bool = False
 
 
 _NUMBER = (int, float)
@@ -112,14 +115,17 @@ MESSAGES: dict[str, MessageSpec] = {
     "model.load": MessageSpec(
         "inference", {"name": Field(str, required=True, max_len=64)},
         doc="Make a configured model resident (unloading the least recently used idle one if needed): 'load_ms'.",
+        privileged=True,
     ),
     "model.unload": MessageSpec(
         "inference", {"name": Field(str, required=True, max_len=64)},
         doc="Free a resident model's memory: 'unloaded' bool. Refused (busy) while it generates.",
+        privileged=True,
     ),
     "model.switch": MessageSpec(
         "inference", {"name": Field(str, required=True, max_len=64)},
         doc="Make a model the default for requests that name none, loading it if needed: 'switch_ms'.",
+        privileged=True,
     ),
     # --- memory: the embedding and retrieval services -------------------------------------
     "embed": MessageSpec(
@@ -138,16 +144,19 @@ MESSAGES: dict[str, MessageSpec] = {
         },
         doc="Embed a text and store it under (collection, id), replacing any earlier version. "
             "The reply comes after the commit is on disk.",
+        privileged=True,
     ),
     "memory.upsert_many": MessageSpec(
         "retrieval",
         {"collection": Field(str, required=True, max_len=128), "items": Field(list, required=True, max_len=1024)},
         doc="Batch upsert: items are maps {id, text, metadata?}; one embed call and one commit for all.",
+        privileged=True,
     ),
     "memory.delete": MessageSpec(
         "retrieval",
         {"collection": Field(str, required=True, max_len=128), "id": Field(str, required=True, max_len=256)},
         doc="Remove one stored text; 'deleted' says whether it existed.",
+        privileged=True,
     ),
     "memory.query": MessageSpec(
         "retrieval",
@@ -174,6 +183,7 @@ MESSAGES: dict[str, MessageSpec] = {
         {"tool": Field(str, required=True, max_len=64), "args": Field(dict, required=True)},
         doc="Run one tool on schema-validated args: 'output' (or 'output_shm' when long), 'truncated', "
             "'elapsed_ms'. A tool that hangs, crashes, floods or raises answers tool_failed.",
+        privileged=True,
     ),
     "feedback": MessageSpec(
         "optimizer",
@@ -184,6 +194,7 @@ MESSAGES: dict[str, MessageSpec] = {
             "details": Field(dict),
         },
         doc="Outcome of one agent run; acknowledged only once it is durable on disk.",
+        privileged=True,
     ),
     "feedback.stats": MessageSpec("optimizer", doc="Feedback counts: total, succeeded, failed, top error reasons."),
     # --- self-optimization: telemetry in, settings out -------------------------------------
@@ -196,6 +207,7 @@ MESSAGES: dict[str, MessageSpec] = {
             "system": Field(dict),
         },
         doc="A batch of per-request samples (one map per finished request) and the sender's process figures.",
+        privileged=True,
     ),
     "engine.configure": MessageSpec(
         "inference",
@@ -203,6 +215,7 @@ MESSAGES: dict[str, MessageSpec] = {
         doc="Change the engine's tunable settings. Hot ones apply at once; ones that rebuild the llama.cpp "
             "context apply between requests (a planned reload, no request lost). Reply: the full 'settings', "
             "'reloaded' bool, 'settings_id'.",
+        privileged=True,
     ),
     # --- the optimizer: learned strategy, status, advice to agents -------------------------
     "strategy.get": MessageSpec("optimizer", doc="The learned strategy document (as in strategy.json) and its path."),
@@ -210,6 +223,7 @@ MESSAGES: dict[str, MessageSpec] = {
         "optimizer",
         {"strategy": Field(dict, required=True)},
         doc="Restore a strategy document (validated like the file); it is persisted and pushed to inference.",
+        privileged=True,
     ),
     "optimizer.status": MessageSpec(
         "optimizer",
@@ -319,6 +333,7 @@ def decode_request(frame: bytes, *, max_frame_bytes: int, handled: set[str]) -> 
             if name not in body or body[name] is None:
                 if field_spec.required:
                     raise ProtocolError(ErrorCode.BAD_REQUEST, f"missing required field {name!r}", request_id)
+                body.pop(name, None)  # null means not given: a handler asking `name in body` must agree
                 continue
             _check_field(name, field_spec, body[name], request_id)
     return Request(request_id, msg_type, session, body)

@@ -1,4 +1,4 @@
-"""Who may connect: local by default, CURVE-authenticated beyond loopback.
+"""Who may connect: local by default, CURVE-authenticated beyond loopback and for what changes the box.
 
 ipc:// endpoints live in a 0700 directory, so only this user's processes reach
 them; tcp:// on 127.0.0.0/8 or ::1 is local too. An endpoint bound to any
@@ -6,6 +6,17 @@ other address must use ZeroMQ CURVE: the service proves its identity with its
 secret key and accepts only clients whose public key is in
 ``<keys_dir>/clients/``, checked by pyzmq's ZAP authenticator. Keys are made by
 ``scripts/keys``.
+
+Loopback is not a user: any local account can reach a loopback tcp port. So a
+message that changes the box (``MessageSpec.privileged``: engine and model
+control, strategy, tool calls, stored memories, feedback, telemetry) is served
+on a tcp endpoint only when that endpoint authenticates its clients with CURVE
+(``peers_authenticated``); over plain loopback tcp it answers ``unauthorized``.
+
+Secrets are written 0600 from the first byte (``os.open`` with that mode, no
+chmod afterwards), their directories are kept 0700 (``private_dir`` tightens an
+existing one), and a secret key file readable by group or others is refused
+when loaded, as ssh refuses such a private key.
 
 Layout of ``keys_dir``::
 
@@ -17,6 +28,8 @@ Layout of ``keys_dir``::
 from __future__ import annotations
 
 import ipaddress
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -48,6 +61,28 @@ def needs_curve(runtime: RuntimeConfig, endpoint: str) -> bool:
     return not is_loopback(endpoint) or (runtime.curve and endpoint.startswith("tcp://"))
 
 
+def peers_authenticated(endpoint: str, curve: bool) -> bool:
+    """Whether every peer of a bound endpoint is a known principal: ipc/inproc (0700 directory, this
+    process) or a CURVE server (only keys in clients/ get through)."""
+    return curve or not endpoint.startswith("tcp://")
+
+
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (and parents) with mode 0700, or tighten it to 0700 if it exists and is ours."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = path.stat()
+    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+        path.chmod(0o700)
+    return path
+
+
+def _check_private(path: Path) -> None:
+    """A secret must be readable by its owner only."""
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if mode & 0o077:
+        raise SecurityError(f"{path} is readable by others (mode {mode:o}); run: chmod 600 {path}")
+
+
 @dataclass(frozen=True)
 class Keypair:
     public: bytes
@@ -57,6 +92,7 @@ class Keypair:
 def _load(path: Path) -> Keypair:
     if not path.is_file():
         raise SecurityError(f"CURVE key {path} not found; create keys with scripts/keys")
+    _check_private(path)
     public, secret = zmq.auth.load_certificate(str(path))
     if secret is None:
         raise SecurityError(f"{path} holds no secret key")
@@ -76,6 +112,8 @@ class CurveServer:
         clients = keys_dir / "clients"
         if not clients.is_dir() or not any(clients.glob("*.key")):
             raise SecurityError(f"no authorized client keys in {clients}; add one with scripts/keys client NAME")
+        if stat.S_IMODE(clients.stat().st_mode) & 0o022:  # whoever can add a key there could let anyone in
+            raise SecurityError(f"{clients} is writable by others; run: chmod 700 {clients}")
         self._auth = ThreadAuthenticator(ctx)
         self._auth.start()
         self._auth.configure_curve(domain="*", location=str(clients))
@@ -97,19 +135,31 @@ def apply_curve_client(sock: zmq.Socket, keys_dir: Path, client_name: str) -> No
     sock.curve_serverkey = server_public_key(keys_dir)
 
 
+def _write_certificate(path: Path, public: bytes, secret: bytes | None) -> Path:
+    """A ZeroMQ certificate file (the format ``zmq.auth.load_certificate`` reads), created with its final
+    mode: 0600 for a secret, 0644 for a public key. An existing file is replaced."""
+    text = ("#   ZeroMQ CURVE " + ("**Secret** Certificate\n#   DO NOT PROVIDE THIS FILE TO OTHER USERS\n"
+                                   if secret else "Public Certificate\n")
+            + f'\nmetadata\ncurve\n    public-key = "{public.decode()}"\n'
+            + (f'    secret-key = "{secret.decode()}"\n' if secret else ""))
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600 if secret else 0o644)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    return path
+
+
 def create_keys(keys_dir: Path, client_names: list[str]) -> list[Path]:
     """Make the server keypair (once) and a keypair per client; return the files written."""
-    keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (keys_dir / "clients").mkdir(exist_ok=True, mode=0o700)
+    private_dir(keys_dir / "clients")
+    private_dir(keys_dir)
     written = []
     if not (keys_dir / "server.key_secret").exists():
-        written += [Path(p) for p in zmq.auth.create_certificates(str(keys_dir), "server")]
+        public, secret = zmq.curve_keypair()
+        written += [_write_certificate(keys_dir / "server.key", public, None),
+                    _write_certificate(keys_dir / "server.key_secret", public, secret)]
     for name in client_names:
-        public, secret = zmq.auth.create_certificates(str(keys_dir), f"client-{name}")
-        authorized = keys_dir / "clients" / f"{name}.key"
-        authorized.write_bytes(Path(public).read_bytes())
-        Path(public).unlink()
-        written += [Path(secret), authorized]
-    for path in written:
-        path.chmod(0o600 if path.name.endswith("key_secret") else 0o644)
+        public, secret = zmq.curve_keypair()
+        written += [_write_certificate(keys_dir / f"client-{name}.key_secret", public, secret),
+                    _write_certificate(keys_dir / "clients" / f"{name}.key", public, None)]
     return written

@@ -13,7 +13,10 @@ answers ``ok: false`` when a worker thread has died or its last beat is older th
 workers; the watchdog then restarts the service as hung.
 
 SIGTERM/SIGINT stop intake (new requests get ``shutting_down``), let queued and
-running requests finish, then exit.
+running requests finish, then exit. "Finished" is judged by this loop, not by the
+workers: it exits once every request it accepted has had its final reply forwarded,
+so a request a worker has taken but not yet counted as running (a first prefill)
+is still answered.
 
 Request ids are retry-safe: a request whose (session, id) is already running is
 not run again (the retry gets the same final reply), and the last successful
@@ -46,7 +49,7 @@ from shared import shm
 from shared.config import Config, ipc_path
 from shared.logs import configure_logging
 from shared.metrics import INVALID_TYPE, metrics_for
-from shared.security import CurveServer, needs_curve
+from shared.security import CurveServer, needs_curve, peers_authenticated, private_dir
 from shared.telemetry import NullTelemetry, Telemetry
 from shared.protocol import (
     MESSAGES,
@@ -104,7 +107,8 @@ class Service:
         self._running_lock = threading.Lock()
         self._stopping = threading.Event()
         self._started = time.monotonic()
-        # (session, id) -> routing headers of retries waiting for the same running request
+        # (session, id) of every accepted request until its final reply is forwarded -> routing headers
+        # of retries waiting for the same request
         self._inflight: dict[tuple, list[list[bytes]]] = {}
         self._done: OrderedDict[tuple, bytes] = OrderedDict()  # (session, id) -> final ok reply frame
         self._done_bytes = 0
@@ -118,6 +122,7 @@ class Service:
         self._workers: list[threading.Thread] = []
         self._beats: dict[str, float] = {}  # worker thread name -> monotonic time of its last beat
         self._curve: CurveServer | None = None
+        self._peers_authenticated = False  # set once bound: may privileged messages be served here?
         self.telemetry = self.make_telemetry()
 
     # --- to be used / overridden by subclasses -------------------------------------------
@@ -180,7 +185,7 @@ class Service:
     def _bind(self) -> zmq.Socket:
         path = ipc_path(self.endpoint)
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            private_dir(path.parent)  # the directory's mode is what keeps other users off the socket
             if path.exists():
                 path.unlink()  # a stale socket file from a killed predecessor
         sock = self._ctx.socket(zmq.ROUTER)
@@ -188,6 +193,7 @@ class Service:
         if needs_curve(self.config.runtime, self.endpoint):
             self._curve = CurveServer(self._ctx, self.config.runtime.resolved_keys_dir())
             self._curve.apply(sock)
+        self._peers_authenticated = peers_authenticated(self.endpoint, self._curve is not None)
         # Hard ceiling well above the typed TOO_LARGE limit, so a huge frame cannot exhaust memory.
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.runtime.max_frame_bytes * 4)
         sock.bind(self.endpoint)
@@ -204,6 +210,9 @@ class Service:
             self.log.warning("metrics_http_failed", host=cfg.host, port=cfg.port(self.name), error=str(err))
 
     def run(self) -> None:
+        data_dir = self.config.runtime.resolved_data_dir()
+        if data_dir.is_dir():
+            private_dir(data_dir)  # databases, strategy and keys: no other user (nor a tool's uid) reads them
         removed = shm.sweep_orphans()
         frontend = self._bind()
         self._serve_metrics()
@@ -226,8 +235,8 @@ class Service:
         while True:
             if self._stopping.is_set():
                 stop_deadline = stop_deadline or time.monotonic() + _DRAIN_TIMEOUT_S
-                idle = self._jobs.empty() and self._running_jobs == 0
-                if idle or time.monotonic() > stop_deadline:
+                answered = not self._inflight or not any(w.is_alive() for w in self._workers)
+                if answered or time.monotonic() > stop_deadline:
                     break
             for sock, _ in poller.poll(100):
                 if sock is frontend:
@@ -275,6 +284,13 @@ class Service:
             self.log.warning("bad_request", code=err.code, error=err.message)
             self._account(INVALID_TYPE, received_at, err.code)
             frontend.send_multipart(header + [encode_error(err.request_id, err.code, err.message)])
+            return
+        if MESSAGES[req.type].privileged and not self._peers_authenticated:
+            self.log.warning("unauthorized", type=req.type, endpoint=self.endpoint)
+            self._account(req.type, received_at, ErrorCode.UNAUTHORIZED)
+            frontend.send_multipart(header + [encode_error(
+                req.id, ErrorCode.UNAUTHORIZED, f"{req.type} changes the box: on a tcp endpoint it needs a "
+                "CURVE-authenticated client (runtime.curve: true and keys from scripts/keys), or use the ipc socket")])
             return
         if req.type in self._inline:
             reply = encode_reply(req.id, "ok", self._inline[req.type]())

@@ -6,15 +6,25 @@ keeps a ``ShmPool`` of what it handed out and unlinks anything not taken within
 a TTL (consumer died or never asked), and at start-up ``sweep_orphans`` unlinks
 segments whose creating process is gone, so a crash leaks nothing past a restart.
 
-Segment names are ``mag_<pid>_<hex>`` so the owner pid can be recovered; the
-64 random bits make a name unguessable, and segments are created mode 0600.
-A handle made for a session carries its id, and ``take_*`` refuses it to a
-request of any other session (and leaves it for its owner).
+Segment names are ``mag_<pid>_<hex>`` so the owner pid can be recovered, and
+segments are created mode 0600. Names are listable in /dev/shm, so a name is not
+a capability: whoever creates a segment writes a header into it that records a
+random 128-bit key and, when the segment is made for a session, that session
+(its SHA-256). The handle carries the key; ``take_*`` opens a segment only when
+the handle's key matches the header's and the request's session matches the
+recorded one. A handle forged from a listed name, or claimed for another
+session, is refused and the segment is left for its owner: a service can never
+be made to read or unlink a buffer its caller was not given.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import os
+import re
+import secrets
+import struct
 import threading
 import time
 import uuid
@@ -30,6 +40,11 @@ _SHM_DIR = Path("/dev/shm")
 #: Payloads above this many bytes are sent through shm instead of inline.
 INLINE_LIMIT_BYTES = 256 * 1024
 _MAX_SEGMENT_BYTES = 1 << 31
+_NAME = re.compile(rf"^{PREFIX}[0-9]{{1,10}}_[0-9a-f]{{16}}$")
+_KEY = re.compile(r"^[0-9a-f]{32}$")
+#: What the creator writes first: magic, key, bound-to-a-session flag, SHA-256 of the session, payload size.
+_HEADER = struct.Struct("<4s16sB32sQ3x")
+_MAGIC = b"MAG1"
 
 
 def _untrack(shm: shared_memory.SharedMemory) -> None:
@@ -47,33 +62,59 @@ def _create(size: int) -> shared_memory.SharedMemory:
     return shm
 
 
-def _open(handle: Any, session: str | None) -> shared_memory.SharedMemory:
+def _session_digest(session: str | None) -> bytes:
+    return hashlib.sha256((session or "").encode()).digest()
+
+
+def _parse_handle(handle: Any) -> tuple[str, bytes]:
+    """The segment name and key a handle claims (their shape only: the segment decides)."""
     if not isinstance(handle, dict) or not isinstance(handle.get("name"), str):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "shm handle must be a map with a 'name'")
-    if handle.get("session") is not None and handle["session"] != session:
-        raise ProtocolError(ErrorCode.NOT_FOUND, "shm buffer belongs to another session")
-    name = handle["name"]
-    if not name.startswith(PREFIX) or "/" in name or len(name) > 64:
+    name, key = handle["name"], handle.get("key")
+    if not _NAME.match(name):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "shm handle names no Magnitude segment")
+    if not isinstance(key, str) or not _KEY.match(key):
+        raise ProtocolError(ErrorCode.BAD_REQUEST, "shm handle has no valid 'key' (32 hex digits)")
     size = handle.get("size")
-    if not isinstance(size, int) or not 0 <= size <= _MAX_SEGMENT_BYTES:
+    if size is not None and (not isinstance(size, int) or isinstance(size, bool)
+                             or not 0 <= size <= _MAX_SEGMENT_BYTES):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "shm handle has no valid 'size'")
+    return name, bytes.fromhex(key)
+
+
+def _open(handle: Any, session: str | None) -> tuple[shared_memory.SharedMemory, int]:
+    """Open the segment a handle names if the handle's key and the caller's session match what its creator
+    recorded; return it and its payload size."""
+    name, key = _parse_handle(handle)
+    missing = ProtocolError(ErrorCode.NOT_FOUND, f"shm buffer {name} does not exist (expired or already taken)")
     try:
         shm = shared_memory.SharedMemory(name=name, create=False)
-    except FileNotFoundError:
-        raise ProtocolError(ErrorCode.NOT_FOUND, f"shm buffer {name} does not exist (expired or already taken)")
+    except (FileNotFoundError, PermissionError):  # another user's segment is as good as none
+        raise missing from None
     _untrack(shm)
-    if shm.size < size:
+    try:
+        if shm.size < _HEADER.size:
+            raise missing
+        magic, recorded_key, bound, digest, size = _HEADER.unpack_from(shm.buf)
+        if magic != _MAGIC or not hmac.compare_digest(recorded_key, key):
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"shm handle does not match buffer {name} (forged or stale)")
+        if bound and not hmac.compare_digest(digest, _session_digest(session)):
+            raise ProtocolError(ErrorCode.NOT_FOUND, "shm buffer belongs to another session")
+        if size > shm.size - _HEADER.size or handle.get("size", size) != size:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"shm buffer {name} is not the size its handle says")
+    except ProtocolError:
         shm.close()
-        raise ProtocolError(ErrorCode.BAD_REQUEST, f"shm buffer {name} is smaller than its handle says")
-    return shm
+        raise
+    return shm, size
 
 
 def put_bytes(data: bytes, pool: "ShmPool | None" = None, session: str | None = None) -> dict:
-    """Copy ``data`` into a new segment and return its handle (bound to ``session`` if given)."""
-    shm = _create(len(data))
-    shm.buf[: len(data)] = data
-    handle = {"name": shm.name, "size": len(data), "kind": "bytes", "session": session}
+    """Copy ``data`` into a new segment and return its handle; with ``session``, only that session may take it."""
+    key = secrets.token_bytes(16)
+    shm = _create(_HEADER.size + len(data))
+    _HEADER.pack_into(shm.buf, 0, _MAGIC, key, session is not None, _session_digest(session), len(data))
+    shm.buf[_HEADER.size: _HEADER.size + len(data)] = data
+    handle = {"name": shm.name, "size": len(data), "kind": "bytes", "key": key.hex()}
     shm.close()
     if pool is not None:
         pool.track(handle["name"])
@@ -87,9 +128,9 @@ def _finish(shm: shared_memory.SharedMemory) -> None:
 
 def take_bytes(handle: Any, session: str | None = None) -> bytes:
     """Read a bytes segment and unlink it: a handle can be taken once, by its own session."""
-    shm = _open(handle, session)
+    shm, size = _open(handle, session)
     try:
-        return bytes(shm.buf[: handle["size"]])
+        return bytes(shm.buf[_HEADER.size: _HEADER.size + size])
     finally:
         _finish(shm)
 

@@ -5,6 +5,12 @@ loop). A background thread with its own DEALER socket sends a ``telemetry``
 batch about once a second, with the process's RSS, CPU% and queue depth. When
 the optimizer is absent (no ipc socket, or the socket's send queue is full) the
 batch is dropped and counted: telemetry must never cost a request.
+
+What a sample may hold is declared here too (``RequestSample``,
+``GenerationSample``, ``SystemFigures``): the optimizer validates each sample
+of a batch on intake with ``validate_sample`` and rejects a bad one alone, so
+one non-numeric field never costs the rest of the batch, and only the declared
+fields are kept, so a sample's size is bounded whatever a sender puts in it.
 """
 
 from __future__ import annotations
@@ -14,10 +20,11 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable
+from typing import Annotated, Any, Callable, Literal
 
 import psutil
 import zmq
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared import security
 from shared.config import Config, ipc_path
@@ -26,6 +33,78 @@ from shared.protocol import encode_request
 _BUFFER_SAMPLES = 4096
 _BATCH_SAMPLES = 1024
 _SEND_HWM = 4  # batches ZeroMQ may hold for a slow optimizer before we drop
+
+#: A finite, non-negative figure (seconds, tokens per second, megabytes, percent, counts).
+Figure = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Tokens = Annotated[int, Field(ge=0, le=1 << 30)]
+
+
+class _Sample(BaseModel):
+    # strict: "fast" or True is not a number; extra fields are dropped, not kept
+    model_config = ConfigDict(strict=True, extra="ignore")
+
+
+class RequestSample(_Sample):
+    """The generic sample of one finished request (``Telemetry.request_done``)."""
+
+    type: str = Field(min_length=1, max_length=64)
+    latency_s: Figure
+    queue_wait_s: Figure | None = None
+    ok: bool
+    code: str | None = Field(None, max_length=64)
+    ts: Figure | None = None
+
+
+class GenerationSample(_Sample):
+    """Inference's sample of one finished generation: what the optimizer's policy scores."""
+
+    type: Literal["generation"]
+    session: str | None = Field(None, max_length=128)
+    ok: bool = True
+    settings_id: str | None = Field(None, max_length=64)
+    prompt_tokens: Tokens = 0
+    cached_tokens: Tokens = 0
+    prefill_tokens: Tokens = 0
+    completion_tokens: Tokens = 0
+    ttft_s: Figure | None = None
+    prefill_tps: Figure | None = None
+    decode_tps: Figure | None = None
+    total_s: Figure | None = None
+    stop_reason: str | None = Field(None, max_length=32)
+    ts: Figure | None = None
+
+
+class SystemFigures(_Sample):
+    """A sender's process figures (the batch's ``system`` map)."""
+
+    rss_mb: Figure | None = None
+    cpu_percent: Figure | None = None
+    queue_depth: Figure | None = None
+    telemetry_dropped: Figure | None = None
+
+
+def _first_error(err: ValidationError) -> str:
+    first = err.errors()[0]
+    return f"{'.'.join(map(str, first['loc'])) or 'sample'}: {first['msg']}"
+
+
+def validate_sample(sample: Any) -> dict[str, Any]:
+    """The declared fields of one sample, or ``ValueError`` saying what is wrong with it."""
+    if not isinstance(sample, dict):
+        raise ValueError(f"a sample must be a map, got {type(sample).__name__}")
+    model = GenerationSample if sample.get("type") == "generation" else RequestSample
+    try:
+        return model.model_validate(sample).model_dump(exclude_none=True)
+    except ValidationError as err:
+        raise ValueError(_first_error(err)) from None
+
+
+def validate_system(figures: Any) -> dict[str, Any]:
+    """The declared fields of a batch's ``system`` map, or ``ValueError``."""
+    try:
+        return SystemFigures.model_validate(figures).model_dump(exclude_none=True)
+    except ValidationError as err:
+        raise ValueError(_first_error(err)) from None
 
 
 class Telemetry:

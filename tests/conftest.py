@@ -74,10 +74,12 @@ def require_model() -> None:
 
 
 class ServiceProcess:
-    """A service started as its own process, the way the launcher does (``module``: a stand-in's module)."""
+    """A service started as its own process, the way the launcher does (``module``: a stand-in's module;
+    ``cwd``: its working directory, default this one)."""
 
-    def __init__(self, name: str, config_path: Path, config: Config, curve=None, module: str | None = None):
-        self.name, self.config_path, self.config, self.curve = name, config_path, config, curve
+    def __init__(self, name: str, config_path: Path, config: Config, curve=None, module: str | None = None,
+                 cwd: Path | None = None):
+        self.name, self.config_path, self.config, self.curve, self.cwd = name, config_path, config, curve, cwd
         self.module = module or f"services.{name}"
         self.endpoint = config.runtime.endpoint(name)
         self.log = config_path.with_suffix(f".{name}.log")
@@ -87,7 +89,7 @@ class ServiceProcess:
         from shared.client import Client, ServiceError
         env = dict(os.environ, PYTHONPATH=str(REPO))
         self.proc = subprocess.Popen([sys.executable, "-m", self.module, "--config", str(self.config_path)],
-                                     stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), env=env)
+                                     stdout=subprocess.DEVNULL, stderr=open(self.log, "ab"), env=env, cwd=self.cwd)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"{self.name} exited: {self.log.read_text()[-2000:]}"

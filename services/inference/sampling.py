@@ -17,6 +17,7 @@ import llama_cpp
 import numpy as np
 from llama_cpp import _internals
 
+from shared.grammar import check_grammar
 from shared.protocol import ErrorCode, ProtocolError
 
 
@@ -26,6 +27,7 @@ class TokenSampler:
         self._model, self._ctx = model, ctx
         self._grammar = None
         if grammar:
+            check_grammar(grammar)  # llama.cpp's parser would crash the process on some grammars
             # Called directly: llama.cpp returns NULL for a grammar it cannot parse.
             self._grammar = llama_cpp.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
             if not self._grammar:

@@ -21,15 +21,16 @@ import os
 import queue
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import apsw
 
 from shared.client import Client, ServiceError
-from shared.config import Config
+from shared.config import SERVICE_NAMES, WATCHDOG_NAME, Config
 from shared.protocol import ErrorCode, ProtocolError, Request
+from shared.security import private_dir
 from shared.service import Emitter, Service
-from shared.telemetry import NullTelemetry, Telemetry
+from shared.telemetry import NullTelemetry, Telemetry, validate_sample, validate_system
 from shared.thermal import read_thermal
 from services.optimizer import strategy as strategy_file
 from services.optimizer.policy import Decision, Policy, Profile
@@ -50,6 +51,9 @@ CREATE INDEX IF NOT EXISTS feedback_session ON feedback(session_id);
 _RETRY_APPLY_S = 3.0  # after a failed engine.configure (inference down or starting)
 _HEALTH_PROBE_S = 15.0  # how often inference's pid is checked when no telemetry arrives
 _SAMPLE_QUEUE = 20000
+#: Processes whose telemetry is taken: every dict keyed by a sender's service name is bounded by this list.
+_REPORTING = (*SERVICE_NAMES, WATCHDOG_NAME)
+_REPORTED_ERRORS = 5  # rejected samples named in a reply
 
 
 class OptimizerService(Service):
@@ -58,7 +62,7 @@ class OptimizerService(Service):
     def __init__(self, config: Config, endpoint: str | None = None):
         super().__init__(config, endpoint)
         data_dir = config.runtime.resolved_data_dir()
-        data_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(data_dir)
         self.db_path = data_dir / "feedback.db"
         self.db = apsw.Connection(str(self.db_path))
         self.db.execute("PRAGMA journal_mode=WAL")
@@ -143,18 +147,32 @@ class OptimizerService(Service):
                 "by_strategy": [{"settings_id": sid, "succeeded": s, "failed": n - s} for sid, s, n in per_strategy]}
 
     def _telemetry(self, req: Request, emit: Emitter) -> dict:
+        """Queue each valid sample; a bad one is rejected alone (counted, its reason in ``errors``)."""
         service, pid = req.body["service"], req.body.get("pid")
-        accepted = 0
-        system = req.body.get("system")
-        for sample in [*(req.body.get("samples") or []), *([{"type": "_system", **system}] if system else [])]:
-            if not isinstance(sample, dict):
-                raise ProtocolError(ErrorCode.BAD_REQUEST, "every telemetry sample must be a map")
+        if service not in _REPORTING:  # the dicts keyed by service name stay this small
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"telemetry from unknown service {service[:64]!r} "
+                                                       f"(known: {', '.join(_REPORTING)})")
+        checked: list[tuple[str, Callable[[Any], dict], Any]] = [
+            (f"samples[{i}]", validate_sample, s) for i, s in enumerate(req.body.get("samples") or [])]
+        if req.body.get("system") is not None:
+            checked.append(("system", validate_system, req.body["system"]))
+        accepted, errors = 0, []
+        for where, validate, raw in checked:
+            try:
+                sample = validate(raw)
+            except ValueError as err:
+                errors.append(f"{where}: {err}")
+                continue
+            if validate is validate_system:
+                sample["type"] = "_system"
             try:
                 self._samples.put_nowait((service, pid, sample))
                 accepted += 1
             except queue.Full:
                 break
-        return {"accepted": accepted}
+        if errors:
+            self.log.warning("telemetry_rejected", service=service, rejected=len(errors), first=errors[0][:200])
+        return {"accepted": accepted, "rejected": len(errors), "errors": errors[:_REPORTED_ERRORS]}
 
     def _strategy_get(self, req: Request, emit: Emitter) -> dict:
         with self._lock:

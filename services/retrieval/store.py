@@ -31,6 +31,7 @@ import numpy as np
 import sqlite_vec
 
 from shared.protocol import ErrorCode, ProtocolError
+from shared.security import private_dir
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -69,6 +70,8 @@ def _filter_sql(filter: dict[str, Any] | None) -> tuple[str, list[Any]]:
             raise _bad(f"filter key {key!r} must be 1-64 chars of letters, digits, '_', '.', '-'")
         if not isinstance(value, _SCALARS):
             raise _bad(f"filter value for {key!r} must be a string, number or bool")
+        if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:  # SQLite's integers are 64-bit
+            raise _bad(f"filter value for {key!r} is outside the 64-bit integer range")
         clauses.append("json_extract(d.metadata, ?) = ?")
         params += [f'$."{key}"', value]
     return " AND " + " AND ".join(clauses), params
@@ -79,7 +82,7 @@ class MemoryStore:
 
     def __init__(self, path: Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        private_dir(self.path.parent)
         self.db = apsw.Connection(str(self.path))
         self.db.enable_load_extension(True)
         self.db.load_extension(sqlite_vec.loadable_path())

@@ -1,8 +1,10 @@
 """The sandboxed side of a tool call: ``python -m services.tools.child SPEC_JSON``, args as JSON on stdin.
 
 It sets its own rlimits first (so the parent, which has threads, needs no
-``preexec_fn``), then either runs a Python function and prints its result, or
-``exec``s a command in its place. Exit codes tell the parent what went wrong.
+``preexec_fn``), drops to the tools' uid when it was started as root (after the
+rlimits, so RLIMIT_NPROC counts that uid's processes and binds), then either runs
+a Python function and prints its result, or ``exec``s a command in its place.
+Exit codes tell the parent what went wrong.
 """
 
 from __future__ import annotations
@@ -28,8 +30,19 @@ def _set_limits(limits: dict) -> None:
         resource.setrlimit(resource.RLIMIT_NPROC, (limits["nproc"],) * 2)
 
 
+def _drop_privileges(uid: int | None) -> None:
+    """Become ``uid`` (and gid) with no supplementary groups; as root, every capability goes with it."""
+    if uid is None:
+        return
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    if os.getuid() != uid or os.geteuid() != uid:
+        raise SystemExit(f"could not drop to uid {uid}")
+
+
 def _load(target: str):
-    module_name, func_name = target.split(":")
+    module_name, func_name = target.rsplit(":", 1)
     if module_name.endswith(".py"):
         spec = importlib.util.spec_from_file_location("magnitude_tool", module_name)
         module = importlib.util.module_from_spec(spec)
@@ -43,6 +56,7 @@ def main() -> None:
     sys.path.pop(0)  # this folder: its modules must not shadow what a tool imports
     spec = json.loads(sys.argv[1])
     _set_limits(spec["limits"])
+    _drop_privileges(spec.get("uid"))
     if "argv" in spec:
         os.execvp(spec["argv"][0], spec["argv"])  # raises OSError (-> exit 1 with a traceback) if missing
     args = json.loads(sys.stdin.read())

@@ -1,22 +1,26 @@
 """The tool service: ``tool.list`` and ``tool.call`` over the configured tools (``agent.tools``).
 
 Arguments are validated against each tool's JSON schema before anything runs;
-built-ins run in-process, python/shell tools in ``sandbox.run``. Every failure
-is a typed ``tool_failed`` / ``bad_request`` / ``not_found`` reply and the
-service keeps serving; several calls run at once on the worker threads.
+built-ins run in-process, python/shell tools in ``sandbox.run`` confined by a
+``jail.Jail`` (bubblewrap where it works). Every failure is a typed
+``tool_failed`` / ``bad_request`` / ``not_found`` reply and the service keeps
+serving; several calls run at once on the worker threads.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import jsonschema
 
 from services.tools import builtins, sandbox
 from services.tools.errors import tool_failed
+from services.tools.jail import Jail
 from shared import shm
 from shared.config import Config, SandboxLimits, ToolConfig
 from shared.protocol import ErrorCode, ProtocolError, Request
@@ -46,11 +50,35 @@ def cap_text(text: str, cap: int) -> tuple[str, bool]:
 
 
 def shell_argv(template: str, args: dict[str, Any]) -> list[str]:
-    """The command's argv with each ``{name}`` filled in; no shell parses the values, so they cannot inject."""
+    """The command's argv with each ``{name}`` filled in.
+
+    No shell parses the values, so they cannot inject commands; and a value may not turn a token into an
+    option (``--delete``, ``-rf``) unless the template ends the options with ``--`` before it, so they cannot
+    inject options either. Tokens the template itself starts with ``-`` (``--name={name}``) are options by
+    design and take any value.
+    """
+    argv, options_end = [], False
     try:
-        return [token.format_map(args) for token in shlex.split(template)]
+        for token in shlex.split(template):
+            filled = token.format_map(args)
+            if not options_end and filled.startswith("-") and not token.startswith("-"):
+                raise tool_failed("refused", f"argument {filled[:40]!r} would be read as an option; the tool's "
+                                             "template must put -- before it to accept such values")
+            options_end = options_end or token == "--"
+            argv.append(filled)
     except (KeyError, IndexError, ValueError) as exc:
         raise tool_failed("refused", f"command template {template!r} cannot be filled: {exc!r}")
+    return argv
+
+
+def python_target(target: str) -> tuple[str, list[Path]]:
+    """A python tool's target with a ``file.py`` made absolute (against the service's working directory, once:
+    the child runs elsewhere), and the folder it imports its neighbours from."""
+    module, function = target.rsplit(":", 1)
+    if not module.endswith(".py"):
+        return target, []
+    path = Path(os.path.abspath(module))
+    return f"{path}:{function}", [path.parent]
 
 
 class ToolService(Service):
@@ -59,6 +87,7 @@ class ToolService(Service):
 
     def __init__(self, config: Config, endpoint: str | None = None):
         super().__init__(config, endpoint)
+        self.jail = Jail(config)
         self.tools: dict[str, _Tool] = {}
         for tc in config.agent.tools:
             schema = tc.parameters or builtins.SCHEMAS[tc.name]
@@ -73,7 +102,17 @@ class ToolService(Service):
         return max(super().worker_stall_s(), longest + 10.0)
 
     def health_details(self) -> dict[str, Any]:
-        return {"tools": list(self.tools)}
+        return {"tools": list(self.tools), "tool_isolation": self.jail.describe()}
+
+    def run(self) -> None:
+        described = self.jail.describe()
+        if self.jail.namespaced:
+            self.log.info("tool_isolation", **described)
+        else:
+            self.log.warning("tool_isolation", **described,
+                             consequence="tools see the whole filesystem and the network, and a tool that "
+                                         "double-forks can outlive its kill (see docs/security.md)")
+        super().run()
 
     def _list(self, req: Request, emit: Emitter) -> dict:
         return {"tools": [t.describe() for t in self.tools.values()]}
@@ -109,6 +148,17 @@ class ToolService(Service):
         tc = tool.config
         if tc.kind == "builtin":
             return cap_text(builtins.run_builtin(tc.name, args, self.config), tool.limits.max_output_bytes)
-        spec = {"python": tc.target} if tc.kind == "python" else {"argv": shell_argv(tc.target, args)}
-        outcome = sandbox.run(spec, args, tool.limits)
+        roots = [Path(os.path.abspath(r)) for r in tc.roots]
+        if tc.kind == "python":
+            target, folder = python_target(tc.target)
+            call = sandbox.Call({"python": target}, tool.limits, roots + folder, tc.network,
+                                python_path=[str(p) for p in roots + folder] + _service_import_path())
+        else:
+            call = sandbox.Call({"argv": shell_argv(tc.target, args)}, tool.limits, roots, tc.network)
+        outcome = sandbox.run(call, args, self.jail)
         return outcome.output, outcome.truncated
+
+
+def _service_import_path() -> list[str]:
+    """What the service itself imports from beyond the interpreter's own: its PYTHONPATH."""
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]

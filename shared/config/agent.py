@@ -16,14 +16,15 @@ FINAL_ANSWER = "final_answer"
 
 
 class SandboxLimits(Section):
-    """What one python/shell tool call may use; enforced with rlimits and a wall-clock kill."""
+    """What one python/shell tool call may use; enforced with rlimits and a wall-clock kill of everything it started."""
 
     timeout_s: float = Field(10.0, gt=0, le=3600, description="wall clock, then the process group is killed")
     cpu_s: int = Field(10, ge=1, le=3600, description="RLIMIT_CPU")
     memory_mb: int = Field(512, ge=32, le=1 << 20, description="RLIMIT_AS (address space)")
     max_output_bytes: int = Field(16384, ge=256, le=16 << 20, description="output kept; the rest is cut with a note")
     max_file_mb: int = Field(16, ge=0, le=1 << 20, description="RLIMIT_FSIZE: largest file a tool may write")
-    max_processes: int = Field(16, ge=0, le=4096, description="RLIMIT_NPROC head-room over the user's processes")
+    max_processes: int = Field(16, ge=0, le=4096, description="RLIMIT_NPROC head-room over the processes the "
+                                                              "tools' uid already runs")
 
 
 class ToolConfig(Section):
@@ -35,6 +36,11 @@ class ToolConfig(Section):
     parameters: dict[str, Any] = Field(default_factory=dict,
                                        description="JSON schema of the arguments; builtins have their own")
     limits: dict[str, Any] = Field(default_factory=dict, description="per-tool overrides of agent.sandbox")
+    roots: list[Path] = Field(default_factory=list, description="files and folders the tool may read (read-only; "
+                                                                "relative to the service's working directory); "
+                                                                "a python tool also imports from them")
+    network: bool = Field(False, description="the tool may use the network (else it has none, loopback "
+                                             "included, under bubblewrap)")
 
     @field_validator("target")
     @classmethod
@@ -62,6 +68,13 @@ class AgentConfig(Section):
     tools: list[ToolConfig] = Field(default_factory=lambda: [ToolConfig(name="calculator")])
     max_iterations: int = Field(8, ge=1, le=1000)
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
+    tool_isolation: Literal["auto", "bubblewrap", "off"] = Field(
+        "auto", description="python/shell tools run under bubblewrap (namespaces: only their roots visible, no "
+                            "network, a kill that reaches every process they start); auto: when bwrap is "
+                            "installed and works, else rlimits only (logged); bubblewrap: refuse to start without")
+    tool_uid: int = Field(65534, ge=1, le=(1 << 32) - 2, description="uid (and gid) tools run as when the "
+                                                                      "service runs as root: one no other "
+                                                                      "process uses (default nobody)")
     file_roots: list[Path] = Field(default_factory=list, description="directories file_reader may read under")
     max_file_bytes: int = Field(1 << 20, ge=1, le=1 << 30, description="file_reader refuses bigger files")
     memory_collection: str = Field("memories", min_length=1, max_length=128, description="memory_search's collection")

@@ -1,0 +1,167 @@
+"""Where a python/shell tool's process runs: a bubblewrap sandbox when bwrap works here, else bare with rlimits.
+
+Under bubblewrap (``bwrap``, Debian package ``bubblewrap``) a tool gets its own
+PID, IPC, UTS and network namespaces and a filesystem made of read-only binds:
+the system (/usr, /etc), the Python runtime, the tool's declared ``roots`` (and
+for a python tool its import path), and an empty /tmp. The data directory, the
+CURVE keys, the ipc sockets and the databases are covered by empty mounts
+wherever they would otherwise show, so a tool reads none of them even when a
+root contains them (a root *inside* the data directory stays visible: it was
+declared). Without ``network: true`` the tool has no network at all. bwrap
+runs with ``--die-with-parent`` and is the PID namespace's init, so killing it
+kills everything the tool started, ``setsid`` and double forks included.
+
+When the service runs as root, the sandboxed child drops to ``agent.tool_uid``
+(nobody by default) before it runs the tool: a tool is never root, so
+``RLIMIT_NPROC`` binds it and root-only files stay closed. bwrap is given
+CAP_SETUID/CAP_SETGID for that drop only; the child loses every capability with
+it, and bwrap's no-new-privileges keeps setuid binaries inert. (The binds are
+what make the drop work: bare, the interpreter may live where that uid cannot
+read, e.g. under /root.)
+
+Where bwrap is missing or cannot create namespaces (a container without user
+namespaces), ``tool_isolation: auto`` falls back to rlimits and a kill of the
+process group and its descendants, under the service's own uid, and says so in
+the log (``tool_isolation`` at start); ``tool_isolation: bubblewrap`` refuses to
+start.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+from shared.config import Config, ConfigError
+
+_SYSTEM_DIRS = ("/usr", "/etc")
+_SYSTEM_LINKS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+_PROBE_TIMEOUT_S = 10.0
+
+
+def _real(path: str | Path) -> Path:
+    return Path(os.path.realpath(path))
+
+
+def _under(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def _namespace_flags(network: bool) -> list[str]:
+    flags = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
+    if not network:
+        flags.append("--unshare-net")
+    if os.geteuid() != 0:
+        flags.append("--unshare-user")  # an unprivileged bwrap needs a user namespace for the others
+    return flags + ["--die-with-parent", "--new-session"]
+
+
+def _private_tmp(size_mb: int) -> list[str]:
+    """An empty, size-capped /tmp that any uid may write (the tool's working directory)."""
+    return ["--perms", "1777", "--size", str(size_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
+
+
+def _probe(bwrap: str) -> str | None:
+    """Why bwrap cannot sandbox here (None: it can)."""
+    try:
+        done = subprocess.run([bwrap, *_namespace_flags(False), "--ro-bind", "/", "/", *_private_tmp(1),
+                               "--", "true"], capture_output=True, timeout=_PROBE_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"{bwrap} did not run: {exc}"
+    if done.returncode != 0:
+        return f"{bwrap} cannot create namespaces here: {done.stderr.decode(errors='replace').strip()[:300]}"
+    return None
+
+
+class Jail:
+    """How this tool service confines its children; ``wrap`` turns a child command into the confined one."""
+
+    def __init__(self, config: Config):
+        runtime = config.runtime
+        mode = config.agent.tool_isolation
+        self.bwrap: str | None = None
+        self.reason = "agent.tool_isolation is off"
+        if mode != "off":
+            found = shutil.which("bwrap")
+            self.reason = (_probe(found) if found else "bwrap is not installed (Debian package bubblewrap)") or ""
+            self.bwrap = found if not self.reason else None
+            if mode == "bubblewrap" and self.bwrap is None:
+                raise ConfigError(f"agent.tool_isolation is bubblewrap, but {self.reason}")
+        #: The uid the child drops to (None: it keeps the service's).
+        self.uid: int | None = config.agent.tool_uid if self.bwrap and os.geteuid() == 0 else None
+        data_dir = runtime.resolved_data_dir()
+        #: Never shown to a tool: directories get an empty tmpfs over them, files /dev/null.
+        self.private = [_real(p) for p in (data_dir, runtime.resolved_keys_dir(), runtime.run_dir(),
+                                           config.memory.db_path or data_dir / "memory.db",
+                                           config.optimizer.strategy_path or data_dir / "strategy.json")]
+        # The interpreter inside: the venv's own bin/python (so the venv is found), by its real path.
+        venv_python = _real(sys.prefix) / "bin" / Path(sys.executable).name
+        self.python = str(venv_python if venv_python.exists() else _real(sys.executable))
+
+    @property
+    def namespaced(self) -> bool:
+        """Killing the child kills everything it started (the PID namespace goes with its init)."""
+        return self.bwrap is not None
+
+    def describe(self) -> dict:
+        return {"isolation": "bubblewrap" if self.bwrap else "rlimits", "tool_uid": self.uid,
+                **({} if self.bwrap else {"why": self.reason})}
+
+    def runtime_paths(self) -> list[Path]:
+        """What the interpreter itself needs: its installation and the venv."""
+        return [_real(p) for p in {sys.base_prefix, sys.prefix, sys.exec_prefix}]
+
+    def wrap(self, child: list[str], *, visible: list[Path], roots: list[Path], network: bool,
+             tmp_mb: int) -> list[str]:
+        """The command that runs ``child`` confined: ``visible`` and ``roots`` read-only, private paths masked.
+
+        ``visible`` is what the child needs to run (runtime, child script, import path); ``roots`` are
+        what the tool declared, bound after the masks so a declared root inside the data directory shows.
+        """
+        if self.bwrap is None:
+            return child
+        args = [self.bwrap, *_namespace_flags(network)]
+        if self.uid is not None:
+            args += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]  # for the child's drop to tool_uid
+        for path in _SYSTEM_DIRS:
+            args += ["--ro-bind", path, path]
+        for link in _SYSTEM_LINKS:
+            if os.path.islink(link):
+                args += ["--symlink", os.readlink(link), link]
+            elif os.path.isdir(link):
+                args += ["--ro-bind", link, link]
+        args += ["--proc", "/proc", "--dev", "/dev", *_private_tmp(tmp_mb)]
+        bound = [Path(p) for p in _SYSTEM_DIRS]
+        args += self._binds(visible, bound)
+        args += self._masks(lambda path: any(_under(path, b) for b in bound))
+        real_roots = [_real(r) for r in roots if os.path.exists(r)]
+        args += self._binds(real_roots, bound)
+        # A root that contains a private path shows it only when the root was declared inside it.
+        args += self._masks(lambda path: any(_under(path, r) and not _under(r, path) for r in real_roots))
+        return args + ["--", *child]
+
+    @staticmethod
+    def _binds(paths: list[Path], bound: list[Path]) -> list[str]:
+        """Read-only binds of ``paths`` not already visible, with their parent folders made traversable
+        (bwrap would create them 0700, closed to the tool's uid)."""
+        args: list[str] = []
+        for path in sorted({_real(p) for p in paths if os.path.exists(p)}, key=lambda p: len(p.parts)):
+            if any(_under(path, b) for b in bound):
+                continue
+            for parent in reversed(path.parents):  # --dir leaves an existing folder as it is
+                if parent != Path("/") and not any(_under(parent, Path(s)) for s in _SYSTEM_DIRS):
+                    args += ["--dir", str(parent)]
+            args += ["--ro-bind", str(path), str(path)]
+            bound.append(path)
+        return args
+
+    def _masks(self, shown: Callable[[Path], bool]) -> list[str]:
+        """Cover each existing private path that ``shown`` says the binds so far would show."""
+        args: list[str] = []
+        for path in self.private:
+            if os.path.exists(path) and shown(path):
+                args += ["--tmpfs", str(path)] if path.is_dir() else ["--ro-bind", "/dev/null", str(path)]
+        return args

@@ -1,0 +1,437 @@
+"""Issue 16's findings, each as the attack that worked before and must fail now.
+
+Hostile clients: a grammar that crashed llama.cpp, a shm handle forged from a
+name listed in /dev/shm, a tool call over loopback tcp without a key, a batch
+of telemetry with one bad sample. Hostile tools: a ``setsid`` daemon that
+outlived its kill, a tool reading the CURVE secrets in the data directory, one
+reaching the network, a shell value that became an option. Dying workers and
+shutdowns: a dead worker that still read healthy, a SIGTERM during the first
+prefill that dropped its reply. And the smaller ones: secrets written with the
+default umask, knob ranges defined twice, python tools that could not load.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import stat
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+import zmq
+
+from services.tools.jail import Jail
+from services.watchdog.supervisor import Supervisor
+from shared import security, shm
+from shared.client import Client, CurveKeys, ServiceError
+from shared.config import EngineConfig, TunableSettings, parse_config
+from shared.logs import configure_logging
+from shared.protocol import MESSAGES, encode_request
+from tests.conftest import ServiceProcess, make_config, require_model, wait_for, write_config
+from tests.test_curve import free_port
+
+AS_ROOT = os.geteuid() == 0
+
+TOOLS = '''
+import os, socket, subprocess, sys, time
+
+def daemonize(marker):
+    """Start a sleeper that escapes the process group (fork, setsid, fork), then hang."""
+    if os.fork() == 0:
+        os.setsid()
+        if os.fork() == 0:
+            subprocess.Popen(["sleep", str(marker)])
+            os._exit(0)
+        os._exit(0)
+    time.sleep(3600)
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read().decode("utf-8", "replace")
+
+def connect(port):
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        return "connected"
+    except OSError as exc:
+        return f"no network: {exc}"
+
+def identity():
+    return {"uid": os.getuid(), "gid": os.getgid()}
+
+def fork_many(n):
+    children = []
+    try:
+        for _ in range(n):
+            children.append(subprocess.Popen(["sleep", "30"]))
+    except OSError as exc:
+        return f"stopped after {len(children)}: {exc}"
+    finally:
+        for c in children:
+            c.kill()
+    return f"started {len(children)}"
+'''
+
+
+def _python(name: str, target: str, props: dict | None = None, **extra) -> dict:
+    return {"name": name, "kind": "python", "target": target, **extra,
+            "parameters": {"type": "object", "properties": props or {}, "additionalProperties": False}}
+
+
+def _shell(name: str, template: str, arg: str) -> dict:
+    return {"name": name, "kind": "shell", "target": template,
+            "parameters": {"type": "object", "properties": {arg: {"type": "string"}}, "required": [arg]}}
+
+
+@pytest.fixture(scope="module")
+def hostile_tools(tmp_path_factory):
+    home = tmp_path_factory.mktemp("attacks")
+    home.chmod(0o755)  # the tools' uid (nobody) reads the tool files; permissions still apply in the sandbox
+    module = home / "hostile.py"
+    module.write_text(TOOLS)
+    mods = home / "mods"
+    mods.mkdir()
+    (mods / "robotmods.py").write_text("def wave(times):\n    return 'wave ' * times\n")
+    data = home / "data"
+    security.create_keys(data / "keys", ["robot"])
+    (data / "feedback.db").write_text("SECRET ROW: the robot's feedback")
+    config = parse_config({
+        "agent": {"tools": [
+            _python("escape", f"{module}:daemonize", {"marker": {"type": "integer"}}, limits={"timeout_s": 2}),
+            _python("read", f"{module}:read", {"path": {"type": "string"}}),
+            _python("offline", f"{module}:connect", {"port": {"type": "integer"}}),
+            _python("online", f"{module}:connect", {"port": {"type": "integer"}}, network=True),
+            _python("identity", f"{module}:identity"),
+            _python("fork_many", f"{module}:fork_many", {"n": {"type": "integer"}}, limits={"max_processes": 8}),
+            _python("relative", "hostile.py:identity"),  # relative to the service's working directory
+            _python("wave", "robotmods:wave", {"times": {"type": "integer"}}, roots=[str(mods)]),
+            _shell("cat", "cat {path}", "path"),
+            _shell("ls", "ls {dir}", "dir"),
+            _shell("ls_operands", "ls -- {dir}", "dir"),
+        ]},
+        "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(data)},
+        "metrics": {"base_port": 0},
+    })
+    svc = ServiceProcess("tools", write_config(home, config), config, cwd=home).start()
+    client = Client(svc.endpoint, timeout_s=30)
+    yield client, data, svc
+    client.close()
+    svc.stop()
+
+
+def call(client: Client, tool: str, **args) -> str:
+    return client.request("tool.call", {"tool": tool, "args": args})["output"]
+
+
+def refused(client: Client, tool: str, **args) -> ServiceError:
+    with pytest.raises(ServiceError) as info:
+        call(client, tool, **args)
+    return info.value
+
+
+# --- hostile tools ---------------------------------------------------------------------------
+def test_the_sandbox_is_bubblewrap_here(hostile_tools):
+    """CI installs bubblewrap; every tool test below must run in the sandbox, never silently bare."""
+    client, _, _ = hostile_tools
+    isolation = client.health()["tool_isolation"]
+    assert isolation["isolation"] == "bubblewrap", isolation
+
+
+def test_a_setsid_daemon_dies_with_its_tool_at_the_timeout(hostile_tools):
+    client, _, _ = hostile_tools
+    marker = 400000 + uuid.uuid4().int % 100000
+    err = refused(client, "escape", marker=marker)
+    assert err.message.startswith("timeout:")
+
+    def leftovers():
+        return [p for p in psutil.process_iter(["cmdline"]) if p.info["cmdline"] == ["sleep", str(marker)]]
+    wait_for(lambda: not leftovers(), 5, f"every process of the tool gone (left: {leftovers()})")
+    assert client.health()["ok"]
+
+
+def test_a_tool_cannot_read_the_data_directory(hostile_tools):
+    client, data, _ = hostile_tools
+    secret = (data / "keys" / "server.key_secret").read_text()
+    for tool in ("read", "cat"):
+        for path in (data / "keys" / "server.key_secret", data / "feedback.db"):
+            try:
+                output = call(client, tool, path=str(path))
+            except ServiceError as err:
+                assert err.code == "tool_failed"
+                continue
+            assert "SECRET" not in output and secret not in output, (tool, path, output)
+
+
+def test_a_tool_has_no_network_unless_it_declares_it(hostile_tools):
+    client, _, _ = hostile_tools
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(4)
+        port = listener.getsockname()[1]
+        assert call(client, "offline", port=port).startswith("no network")
+        assert call(client, "online", port=port) == "connected"
+
+
+def test_a_shell_value_cannot_become_an_option(hostile_tools):
+    client, _, _ = hostile_tools
+    err = refused(client, "ls", dir="--version")
+    assert err.code == "tool_failed" and err.message.startswith("refused:") and "option" in err.message
+    # After the template's --, the same value is an operand: ls looks for a file of that name.
+    err = refused(client, "ls_operands", dir="--version")
+    assert "cannot access '--version'" in err.message
+    assert call(client, "ls_operands", dir="/") != ""
+
+
+@pytest.mark.skipif(not AS_ROOT, reason="the uid drop applies when the service runs as root")
+def test_a_tool_run_by_root_is_not_root_and_its_process_count_is_capped(hostile_tools):
+    client, _, _ = hostile_tools
+    import json
+    assert json.loads(call(client, "identity")) == {"uid": 65534, "gid": 65534}
+    assert call(client, "fork_many", n=50).startswith("stopped after")
+
+
+def test_python_tools_load_from_a_relative_file_and_from_their_roots(hostile_tools):
+    client, _, _ = hostile_tools
+    assert "uid" in call(client, "relative")
+    assert call(client, "wave", times=2) == "wave wave "
+
+
+# --- hostile clients -------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def tcp_tools(tmp_path_factory):
+    """A tools service on loopback tcp without CURVE: reachable by every local user."""
+    home = tmp_path_factory.mktemp("tcp")
+    config = parse_config({"runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data"),
+                                       "endpoints": {"tools": f"tcp://127.0.0.1:{free_port()}"}},
+                           "metrics": {"base_port": 0}})
+    svc = ServiceProcess("tools", write_config(home, config), config).start()
+    yield svc
+    svc.stop()
+
+
+def test_an_unauthenticated_tool_call_over_loopback_tcp_is_refused(tcp_tools):
+    with Client(tcp_tools.endpoint, timeout_s=10) as client:
+        assert client.health()["ok"] and client.request("tool.list")["tools"]  # reading is fine
+        with pytest.raises(ServiceError) as info:
+            client.request("tool.call", {"tool": "calculator", "args": {"expression": "1+1"}})
+        assert info.value.code == "unauthorized" and "CURVE" in info.value.message
+
+
+def test_every_message_that_changes_the_box_needs_authentication():
+    privileged = {name for name, spec in MESSAGES.items() if spec.privileged}
+    assert {"engine.configure", "model.load", "model.unload", "model.switch", "strategy.set", "tool.call",
+            "memory.upsert", "memory.upsert_many", "memory.delete", "feedback", "telemetry"} <= privileged
+    assert not privileged & {"health", "metrics", "generate", "tokenize", "tool.list", "memory.query"}
+    assert not security.peers_authenticated("tcp://127.0.0.1:5555", curve=False)
+    assert security.peers_authenticated("tcp://127.0.0.1:5555", curve=True)
+    assert security.peers_authenticated("ipc:///run/x.sock", curve=False)
+
+
+def test_a_curve_client_may_call_tools_over_tcp(tmp_path):
+    keys = tmp_path / "keys"
+    security.create_keys(keys, ["robot"])
+    config = parse_config({"runtime": {"runtime_dir": str(tmp_path / "run"), "data_dir": str(tmp_path / "data"),
+                                       "curve": True, "keys_dir": str(keys),
+                                       "endpoints": {"tools": f"tcp://127.0.0.1:{free_port()}"}},
+                           "metrics": {"base_port": 0}})
+    svc = ServiceProcess("tools", write_config(tmp_path, config), config, curve=CurveKeys(keys, "robot")).start()
+    try:
+        with Client(svc.endpoint, timeout_s=10, curve=CurveKeys(keys, "robot")) as client:
+            reply = client.request("tool.call", {"tool": "calculator", "args": {"expression": "6*7"}})
+            assert reply["output"] == "42"
+    finally:
+        svc.stop()
+
+
+@pytest.mark.model
+def test_a_grammar_bomb_is_a_typed_error_and_inference_stays_up(inference_service):
+    def bomb(levels: int) -> str:
+        return "root ::= " + "(" * levels + '"a"' + ")" * levels
+
+    with Client(inference_service.endpoint, timeout_s=60) as client:
+        pid = client.health()["pid"]
+        # The issue's 200 KB bomb, and one within the size limit that llama.cpp's parser still cannot survive.
+        for grammar, why in ((bomb(100_000), "bytes"), (bomb(30_000), "nested 30000 deep")):
+            with pytest.raises(ServiceError) as info:
+                client.generate("Say a", max_tokens=2, grammar=grammar)
+            assert info.value.code == "bad_request" and why in info.value.message, info.value
+        assert client.generate("Say a", max_tokens=2, grammar='root ::= "a"').text == "a"
+        health = client.health()
+        assert health["ok"] and health["pid"] == pid
+
+
+@pytest.mark.model
+def test_a_forged_shm_handle_is_refused(inference_service):
+    owner_session, intruder = f"owner-{uuid.uuid4().hex}", f"intruder-{uuid.uuid4().hex}"
+    secret = b"session A's plan: the spare key is under the blue bowl"
+    handle = shm.put_bytes(secret, session=owner_session)
+    with Client(inference_service.endpoint, timeout_s=60) as client:
+        # What an intruder can learn from /dev/shm is the name; it forges the rest.
+        assert handle["name"] in shm.list_segments()
+        forgeries = [{"name": handle["name"], "size": len(secret), "kind": "bytes", "session": intruder},
+                     {"name": handle["name"], "size": len(secret), "kind": "bytes", "key": "0" * 32},
+                     {**handle, "session": intruder}]  # even the real key, claimed by another session
+        for forged in forgeries:
+            with pytest.raises(ServiceError) as info:
+                client.request("generate", {"prompt_shm": forged, "max_tokens": 1}, session=intruder)
+            assert info.value.code in ("not_found", "bad_request"), forged
+            assert handle["name"] in shm.list_segments()  # refused, and left for its owner
+    assert shm.take_bytes(handle, session=owner_session) == secret
+
+
+def test_a_bad_telemetry_sample_is_rejected_alone(tmp_path):
+    config = make_config(tmp_path)
+    svc = ServiceProcess("optimizer", write_config(tmp_path, config), config).start()
+    try:
+        good = {"type": "tool.call", "latency_s": 0.02, "queue_wait_s": 0.0, "ok": True, "code": None}
+        with Client(svc.endpoint, timeout_s=10) as client:
+            reply = client.request("telemetry", {
+                "service": "tools", "pid": 4242,
+                "samples": [good, {**good, "latency_s": "fast"}, "not a map", {**good, "latency_s": float("inf")}],
+                "system": {"rss_mb": 12.5, "cpu_percent": 1.0, "queue_depth": 0, "telemetry_dropped": 0}})
+            assert reply["accepted"] == 2 and reply["rejected"] == 3, reply
+            assert any("latency_s" in e for e in reply["errors"])
+            # The good ones reached the optimizer, the system figures of the same batch included.
+            wait_for(lambda: client.request("optimizer.status")["processes"].get("tools", {}).get("pid") == 4242,
+                     5, "the batch's good samples ingested")
+            for i in range(3):  # names a sender makes up never become keys of the optimizer's dicts
+                with pytest.raises(ServiceError) as info:
+                    client.request("telemetry", {"service": f"made-up-{i}", "samples": [good]})
+                assert info.value.code == "bad_request"
+            assert set(client.request("optimizer.status")["processes"]) == {"tools"}
+            assert client.health()["ok"]
+    finally:
+        svc.stop()
+
+
+# --- dying workers, shutdowns ----------------------------------------------------------------
+class _FragileBackend:
+    """The watchdog's view of one stand-in tools process (tests.fragile_service); the others are absent."""
+
+    kind = "test"
+
+    def __init__(self, svc: ServiceProcess):
+        self.svc, self.restarted = svc, []
+
+    def pid(self, name: str) -> int | None:
+        return self.svc.proc.pid if name == "tools" and self.svc.proc.poll() is None else None
+
+    def memory_mb(self, name: str) -> float | None:
+        return None
+
+    def start(self, name: str) -> None:
+        pass  # the other services are not part of this test
+
+    def restart(self, name: str, hard: bool) -> None:
+        self.restarted.append((name, hard))
+        self.svc.proc.kill()
+        self.svc.proc.wait()
+        self.svc.start()
+
+    def set_nice(self, name: str, nice: int) -> None:
+        pass
+
+    def pin(self, name: str, cpus: set[int]) -> None:
+        pass
+
+
+def test_a_killed_worker_reads_unhealthy_and_the_watchdog_restarts_the_service(tmp_path):
+    config = make_config(tmp_path)
+    config.watchdog.hung_checks = 2
+    svc = ServiceProcess("tools", write_config(tmp_path, config), config, module="tests.fragile_service").start()
+    backend = _FragileBackend(svc)
+    supervisor = Supervisor(config, backend, configure_logging("watchdog", "warning"))
+    try:
+        supervisor.tick()
+        assert supervisor.states["tools"].state == "healthy"
+        first_pid = svc.proc.pid
+        with Client(svc.endpoint, timeout_s=1) as client:
+            with pytest.raises(ServiceError):
+                client.request("tool.list")  # kills the only worker; its request is lost with it
+            wait_for(lambda: not client.health()["ok"], 5, "health to turn unhealthy")
+        for _ in range(config.watchdog.hung_checks):
+            supervisor.tick()
+        assert supervisor.states["tools"].last_reason == "hung" and backend.restarted == [("tools", True)]
+        assert svc.proc.pid != first_pid
+        with Client(svc.endpoint, timeout_s=5) as client:
+            assert client.health()["ok"]
+    finally:
+        svc.stop()
+
+
+@pytest.mark.model
+def test_sigterm_during_the_first_prefill_still_answers(tmp_path):
+    require_model()
+    config = make_config(tmp_path, n_ctx=4096, max_batch_size=2048, prefill_chunk_size=2048)
+    svc = ServiceProcess("inference", write_config(tmp_path, config), config).start()
+    try:
+        prompt = "The robot checked the hallway, the kitchen and the garage. " * 220  # ~2,800 tokens
+        with Client(svc.endpoint, timeout_s=120) as client:
+            client.send_raw(encode_request("generate", {"prompt": prompt, "max_tokens": 4}, request_id="first"))
+            # Health on the same socket is read after the generate: queue_depth 0 means the worker took it.
+            while True:
+                client.send_raw(encode_request("health", request_id="probe"))
+                reply = client.recv_reply()
+                if reply.id == "probe" and reply.body["queue_depth"] == 0:
+                    break
+            svc.proc.send_signal(signal.SIGTERM)
+            reply = client.recv_reply("first")
+            assert reply.kind == "ok" and reply.body["completion_tokens"] >= 1
+        assert svc.proc.wait(30) == 0
+    finally:
+        svc.stop()
+
+
+# --- the smaller ones ------------------------------------------------------------------------
+def test_curve_secrets_are_private_from_the_first_byte_and_checked_on_load(tmp_path, monkeypatch):
+    keys = tmp_path / "keys"
+    keys.mkdir(mode=0o755)
+    old_umask = os.umask(0)  # the most permissive default a process can have
+    try:
+        # No chmod may rescue a secret written world-readable: a crash in between would leave it so.
+        monkeypatch.setattr(Path, "chmod", lambda self, mode: None)
+        monkeypatch.setattr(os, "chmod", lambda *a, **k: None)
+        written = security.create_keys(keys, ["robot"])
+    finally:
+        os.umask(old_umask)
+        monkeypatch.undo()
+    for path in written:
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert not mode & (0o077 if path.name.endswith("key_secret") else 0o022), (path, oct(mode))
+    security.create_keys(keys, [])  # an existing directory is tightened
+    assert stat.S_IMODE(keys.stat().st_mode) == 0o700
+    (keys / "server.key_secret").chmod(0o644)
+    with pytest.raises(security.SecurityError, match="chmod 600"):
+        security.CurveServer(zmq.Context.instance(), keys)
+
+
+def test_knob_ranges_are_defined_once():
+    """engine.configure, strategy files and optimizer overrides accept a knob value exactly when the engine does
+    (they disagreed: prefill_chunk_size >= 1 vs >= 16, max_batch_size <= 8192 vs <= 4096)."""
+    def accepts(model, **values) -> bool:
+        try:
+            model(**values)
+            return True
+        except ValueError:
+            return False
+
+    for name in TunableSettings.model_fields:
+        bounds = [getattr(m, a) for m in EngineConfig.model_fields[name].metadata for a in ("ge", "le")
+                  if getattr(m, a, None) is not None]
+        for value in {v for b in bounds for v in (b - 1, b, b + 1)}:
+            room = {"max_batch_size": 8192} if name == "prefill_chunk_size" else {}  # its cross-field rule
+            assert accepts(TunableSettings, **{name: value}) == accepts(EngineConfig, **room, **{name: value}), \
+                (name, value)
+
+
+def test_tool_isolation_bubblewrap_refuses_to_start_without_it(tmp_path, monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    config = parse_config({"agent": {"tool_isolation": "bubblewrap"}, "runtime": {"data_dir": str(tmp_path)}})
+    with pytest.raises(ValueError, match="bwrap is not installed"):
+        Jail(config)
+    fallback = Jail(parse_config({"runtime": {"data_dir": str(tmp_path)}}))
+    assert fallback.describe() == {"isolation": "rlimits", "tool_uid": None,
+                                   "why": "bwrap is not installed (Debian package bubblewrap)"}
