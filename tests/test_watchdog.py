@@ -170,6 +170,21 @@ def test_live_process_without_its_socket_is_restarted_at_once(tmp_path):
     assert len([c for c in backend.calls if c[0] == "restart"]) == 1
 
 
+def test_a_process_that_dies_during_its_heartbeat_is_dead_not_unreachable(tmp_path):
+    """SIGKILL closes the socket before the process is gone from the table: the probe fails first."""
+    sup, backend, _, _, _ = make_supervisor(tmp_path)
+    sup.tick()
+
+    def probe_as_it_dies(name):
+        if name == "tools":
+            backend.pids["tools"] = None  # gone by the time the supervisor looks again
+            return ServiceStatus(name, False, {}, "unavailable: no service listening at ipc://...")
+        return ServiceStatus(name, True, {})
+    sup.probe = probe_as_it_dies
+    sup.tick()
+    assert sup.states["tools"].last_reason == "dead" and ("start", "tools") in backend.calls
+
+
 def test_slow_start_is_not_hung_until_start_timeout(tmp_path):
     sup, backend, clock, _, healthy = make_supervisor(tmp_path, {"hung_checks": 1, "start_timeout_s": 10})
     healthy["inference"] = False  # loading its model

@@ -122,7 +122,12 @@ class Supervisor:
             if now - s.started_mono > self.cfg.start_timeout_s:
                 self._restart(name, s, "start_timeout", now)
         elif (status.error or "").startswith(ErrorCode.UNAVAILABLE):
-            self._restart(name, s, "unreachable", now)
+            # A killed process's socket goes before the process is reaped: look again before blaming the socket.
+            if self.backend.pid(name) is None:
+                s.state, s.pid = "dead", None
+                self._restart(name, s, "dead", now)
+            else:
+                self._restart(name, s, "unreachable", now)
         else:
             s.failed_checks += 1
             s.state = "unhealthy"
