@@ -24,6 +24,7 @@ import json
 import math
 import re
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -111,7 +112,9 @@ class Vocabulary:
         vocab = model.vocab
         self.n_vocab = model.n_vocab()
         self.eog = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)]
-        self.tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(vocab, eos_token=self.eog or None)
+        with warnings.catch_warnings():  # it calls a deprecated llama-cpp-python alias once per token
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(vocab, eos_token=self.eog or None)
         self.eos = self.tokenizer.eos_token
 
     def piece(self, token: int) -> bytes:
