@@ -9,7 +9,8 @@ grammar takes over at ``<tool_call>``), and the agent's GBNF Action grammar thro
 llama.cpp's GBNF sampler for grammars llguidance cannot take); llama-server (built by
 native/build_llama_server.sh from the same llama.cpp) gets the same messages through
 its OpenAI endpoint with ``--jinja`` (GBNF from the schema). It prints decode tokens/s
-(median), the cost of the constraint, and how many tokens the grammar forced.
+(median), the cost of the constraint, how many tokens the grammar forced (decoded
+like drafts, never sampled), and the time spent in the constraint per token.
 
     .venv/bin/python scripts/bench_constrained.py [--model qwen2.5-coder-0.5b] [--reps 3] [--no-llama-server]
 """
@@ -31,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from magnitude.toolcall import action_grammar  # noqa: E402
 from services.inference.chat import Conversations  # noqa: E402
+from services.inference.constraint import Constraint, LlamaGrammar  # noqa: E402
 from services.inference.engine import Engine, GenerateParams  # noqa: E402
 from shared import catalog  # noqa: E402
 from shared.config import parse_config  # noqa: E402
@@ -64,6 +66,25 @@ ACTION_PROMPT = ("Answer with a Thought and an Action.\nQuestion: Save the note 
                  "me it is done.\nThought: I should write the file.\nAction: ")
 
 
+class ConstraintClock:
+    """Time spent inside the constraints' methods (what constrained decoding adds per token), by wrapping them."""
+
+    def __init__(self):
+        self.seconds = 0.0
+        for cls in (Constraint, LlamaGrammar):
+            for name in ("allows", "mask", "accept", "forced"):
+                setattr(cls, name, self._timed(getattr(cls, name)))
+
+    def _timed(self, method):
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - t0
+        return timed
+
+
 def _median(values: list[float]) -> float:
     return round(statistics.median(values), 1) if values else float("nan")
 
@@ -72,14 +93,16 @@ def magnitude_rows(model_path: Path, reps: int, max_tokens: int) -> dict[str, di
     engine = Engine(parse_config({"engine": {"model_path": str(model_path), "n_ctx": 4096,
                                              "session_slots": 1}}).engine)
     conversations = Conversations()
+    clock = ConstraintClock()
     out = {}
     try:
         for name in list(CHAT_WORKLOADS) + [ACTION]:
             tps = {"free": [], "constrained": []}
-            forced = []
+            forced, overhead = [], []
             for _ in range(reps):
                 for mode in ("free", "constrained"):
                     params = GenerateParams(max_tokens=max_tokens)
+                    clock.seconds = 0.0
                     if name == ACTION:
                         prompt = ACTION_PROMPT
                         params.grammar = ACTION_GRAMMAR if mode == "constrained" else None
@@ -91,8 +114,10 @@ def magnitude_rows(model_path: Path, reps: int, max_tokens: int) -> dict[str, di
                         tps[mode].append(result["decode_tps"])
                     if mode == "constrained":
                         forced.append(result["forced_tokens"] / max(result["completion_tokens"], 1))
+                        overhead.append(clock.seconds / max(result["completion_tokens"], 1))
             out[name] = {"free": _median(tps["free"]), "constrained": _median(tps["constrained"]),
-                         "forced": round(100 * statistics.median(forced)) if forced else 0}
+                         "forced": round(100 * statistics.median(forced)) if forced else 0,
+                         "us_per_token": round(1e6 * statistics.median(overhead)) if overhead else 0}
             print(f"magnitude  {name}: {out[name]}", file=sys.stderr, flush=True)
     finally:
         engine.close()
@@ -182,11 +207,13 @@ def main() -> int:
         peer, version = llama_server_rows(binary, model_path, args.reps, args.max_tokens, args.threads)
     print(f"\nmodel {model_path.name}; decode tokens/s, median of {args.reps}; temperature 0; "
           f"max_tokens {args.max_tokens}" + (f"; llama-server {version}" if version else ""))
-    print("| workload | Magnitude free | constrained | cost | forced tokens | llama-server free | constrained | cost |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| workload | Magnitude free | constrained | cost | forced tokens | constraint us/token | "
+          "llama-server free | constrained | cost |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, row in mag.items():
         p = peer.get(name, {})
         print(f"| {name} | {row['free']} | {row['constrained']} | {_cost(row)} | {row['forced']}% | "
+              f"{row['us_per_token']} | "
               f"{p.get('free', '-')} | {p.get('constrained', '-')} | {_cost(p) if p else '-'} |")
     return 0
 

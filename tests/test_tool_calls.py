@@ -9,8 +9,10 @@ import llama_cpp
 import pytest
 from llama_cpp import _internals
 
-from services.inference.constraint import (MAX_SCHEMA_DEPTH, Constraint, LlamaGrammar, Vocabulary, check_gbnf,
-                                           check_schema, gbnf_constraint, vocabulary)
+from magnitude.toolcall import action_grammar
+from services.inference.constraint import (MAX_SCHEMA_DEPTH, Constraint, LlamaGrammar, Vocabulary,
+                                           _flatten_optional_chains, check_gbnf, check_schema, gbnf_constraint,
+                                           vocabulary)
 from services.inference.tool_calls import scan, tagged_grammar, tool_table, triggers
 from shared.protocol import ProtocolError
 from tests.conftest import CHAT_MODEL_PATH, require_model
@@ -166,10 +168,18 @@ def test_required_calls_and_a_finished_grammar_end_the_reply(vocab):
     assert constraint.finished
 
 
+def test_nested_optional_chains_are_flattened_outside_literals():
+    assert _flatten_optional_chains('s ::= "\\"" (c (c (c)?)?)? "\\"" "(c)?" [(] # (c)?') == \
+        's ::= "\\"" c{0,3} "\\"" "(c)?" [(] # (c)?'
+
+
 @pytest.mark.model
 def test_gbnf_takes_llguidance_when_it_can_and_llama_cpp_when_it_nests_deeper(vocab_model):
     assert isinstance(gbnf_constraint('root ::= "yes" | "no"', vocab_model), Constraint)
-    deep = "root ::= " + "(" * 200 + '"a"' + ")?" * 200  # what llama-cpp-python's converter writes for maxLength
-    assert isinstance(gbnf_constraint(deep, vocab_model), LlamaGrammar)
+    # The agent's Action grammar: llama-cpp-python's converter nests one level per character of maxLength.
+    action = action_grammar([{"name": "calculator", "parameters": TOOLS["calculator"].parameters}])
+    assert isinstance(gbnf_constraint(action, vocab_model), Constraint)
+    deep = "root ::= " + "(" * 200 + '"a"' + ")?" * 200
+    assert isinstance(gbnf_constraint(deep, vocab_model), LlamaGrammar)  # llama.cpp's own sampler takes it
     with pytest.raises(ProtocolError, match="does not parse"):
         gbnf_constraint("root ::= (", vocab_model)
