@@ -28,6 +28,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from gguf import GGUFReader
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from magnitude.toolcall import action_grammar  # noqa: E402
@@ -89,14 +91,14 @@ def _median(values: list[float]) -> float:
     return round(statistics.median(values), 1) if values else float("nan")
 
 
-def magnitude_rows(model_path: Path, reps: int, max_tokens: int) -> dict[str, dict]:
+def magnitude_rows(model_path: Path, reps: int, max_tokens: int, workloads: list[str]) -> dict[str, dict]:
     engine = Engine(parse_config({"engine": {"model_path": str(model_path), "n_ctx": 4096,
                                              "session_slots": 1}}).engine)
     conversations = Conversations()
     clock = ConstraintClock()
     out = {}
     try:
-        for name in list(CHAT_WORKLOADS) + [ACTION]:
+        for name in workloads:
             tps = {"free": [], "constrained": []}
             forced, overhead = [], []
             for _ in range(reps):
@@ -137,7 +139,8 @@ def _post(port: int, path: str, body: dict) -> dict:
         return json.loads(resp.read())
 
 
-def llama_server_rows(binary: str, model_path: Path, reps: int, max_tokens: int, threads: int) -> tuple[dict, str]:
+def llama_server_rows(binary: str, model_path: Path, reps: int, max_tokens: int, threads: int,
+                      workloads: list[str]) -> tuple[dict, str]:
     port = _free_port()
     with tempfile.TemporaryFile() as log:
         proc = subprocess.Popen([binary, "-m", str(model_path), "--host", "127.0.0.1", "--port", str(port),
@@ -159,7 +162,7 @@ def llama_server_rows(binary: str, model_path: Path, reps: int, max_tokens: int,
             version = subprocess.run([binary, "--version"], capture_output=True, text=True)
             version = " ".join((version.stdout + version.stderr).split("\n")[0].split()[1:])
             out = {}
-            for name in list(CHAT_WORKLOADS) + [ACTION]:
+            for name in workloads:
                 tps = {"free": [], "constrained": []}
                 for _ in range(reps):
                     for mode in ("free", "constrained"):
@@ -198,13 +201,16 @@ def main() -> int:
     if not model_path.is_file():
         sys.exit(f"no model at {model_path} (magnitude models pull {args.model})")
 
-    mag = magnitude_rows(model_path, args.reps, args.max_tokens)
+    # A base model (no chat template) gets the generate workload only.
+    workloads = ([ACTION] if "tokenizer.chat_template" not in GGUFReader(str(model_path)).fields
+                 else list(CHAT_WORKLOADS) + [ACTION])
+    mag = magnitude_rows(model_path, args.reps, args.max_tokens, workloads)
     peer, version = {}, None
     if not args.no_llama_server:
         binary = subprocess.run(["bash", str(Path(__file__).resolve().parent.parent / "native" /
                                              "build_llama_server.sh")], capture_output=True, text=True,
                                 check=True).stdout.strip()
-        peer, version = llama_server_rows(binary, model_path, args.reps, args.max_tokens, args.threads)
+        peer, version = llama_server_rows(binary, model_path, args.reps, args.max_tokens, args.threads, workloads)
     print(f"\nmodel {model_path.name}; decode tokens/s, median of {args.reps}; temperature 0; "
           f"max_tokens {args.max_tokens}" + (f"; llama-server {version}" if version else ""))
     print("| workload | Magnitude free | constrained | cost | forced tokens | constraint us/token | "
