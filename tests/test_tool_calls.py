@@ -87,6 +87,8 @@ def test_streamed_content_is_never_taken_back_and_never_shows_markup(text):
     ([{"type": "function", "function": {"name": "a"}}] * 2, "two tools"),
     ([{"type": "function", "function": {"name": "a", "parameters": {"type": "nonsense"}}}], "not a valid JSON schema"),
     ([{"type": "function", "function": {"name": "a", "parameters": []}}], "must be a JSON object"),
+    ([{"type": "function", "function": {"name": f"t{i}", "parameters": {"enum": ["x" * 1000] * 60}}}
+      for i in range(5)], "over 256 KiB together"),
 ])
 def test_malformed_tools_are_bad_requests(tools, says):
     with pytest.raises(ProtocolError, match=says):
