@@ -271,15 +271,16 @@ class ChatTurn:
     """One chat generation: its prompt, its streaming filter and the assistant message at the end."""
 
     def __init__(self, conversations: "Conversations", session: str | None, model_name: str, cm: ChatModel,
-                 tools: dict[str, Tool], parse_calls: bool, emit: Callable[[dict], None] | None):
+                 prompt: list[int], request: dict, tools: dict[str, Tool], parse_calls: bool,
+                 emit: Callable[[dict], None] | None):
         self._conversations, self._session, self._model_name, self._cm = conversations, session, model_name, cm
+        self.prompt = prompt
+        self._request = request  # what the session remembers of this turn's request (see _LastTurn)
         self._tools, self._parse_calls, self._emit = tools, parse_calls, emit
-        self.prompt: list[int] = []
         self._text = ""
         self._streamed = ""  # content sent as text events
         self._ids: list[str] = []  # ids of the calls sent as tool_call events
         self._content = ""
-        self._last_turn: dict | None = None  # what to remember for the session, set by Conversations
 
     def on_text(self, piece: str) -> None:
         """The engine's text callback: stream content and finished calls, never call markup."""
@@ -316,12 +317,12 @@ class ChatTurn:
         message = {"role": "assistant", "content": self._content or (None if calls else ""),
                    "tool_calls": wire_calls}
         finish = "tool_calls" if calls else "length" if result["stop_reason"] == "length" else "stop"
-        if self._session is not None and self._last_turn is not None and result["stop_reason"] in ("eos", "length"):
+        if self._session is not None and result["stop_reason"] in ("eos", "length"):
             reply_tokens = tokens[:-1] if tokens and self._cm.is_eog(tokens[-1]) else tokens
             self._conversations.remember(self._session, _LastTurn(
                 model=self._model_name, reply=_message_key({**message, "content": message["content"] or "",
                                                              "tool_calls": [_parsed_call(c) for c in wire_calls]}),
-                reply_text=text, reply_tokens=array("i", reply_tokens), **self._last_turn))
+                reply_text=text, reply_tokens=array("i", reply_tokens), **self._request))
         stats = {k: v for k, v in result.items() if k != "text"}
         return {"message": message, "finish_reason": finish, **stats}
 
@@ -380,11 +381,9 @@ class Conversations:
         if prompt is None:
             prompt = cm.tokenize(segments)
         params.constraint = self._constraint(cm, engine, tools, choice, named, schema)
-        turn = ChatTurn(self, session, model_name, cm, tools, choice != "none" and bool(tools), emit)
-        turn.prompt = prompt
-        turn._last_turn = {"tools": tools_key, "messages": keys, "prompt_text": prompt_text,
-                           "prompt_tokens": array("i", prompt)}
-        return turn
+        request = {"tools": tools_key, "messages": keys, "prompt_text": prompt_text,
+                   "prompt_tokens": array("i", prompt)}
+        return ChatTurn(self, session, model_name, cm, prompt, request, tools, choice != "none" and bool(tools), emit)
 
     @staticmethod
     def _continuation(last: _LastTurn, keys: list[tuple], shown: list[dict], shown_tools: list | None,
