@@ -9,7 +9,7 @@ import llama_cpp
 import pytest
 from llama_cpp import _internals
 
-from magnitude.toolcall import action_grammar
+from llama_cpp.llama_grammar import json_schema_to_gbnf
 from services.inference.constraint import (MAX_SCHEMA_DEPTH, Constraint, LlamaGrammar, Vocabulary,
                                            _flatten_optional_chains, check_gbnf, check_schema, gbnf_constraint,
                                            vocabulary)
@@ -178,9 +178,10 @@ def test_nested_optional_chains_are_flattened_outside_literals():
 @pytest.mark.model
 def test_gbnf_takes_llguidance_when_it_can_and_llama_cpp_when_it_nests_deeper(vocab_model):
     assert isinstance(gbnf_constraint('root ::= "yes" | "no"', vocab_model), Constraint)
-    # The agent's Action grammar: llama-cpp-python's converter nests one level per character of maxLength.
-    action = action_grammar([{"name": "calculator", "parameters": TOOLS["calculator"].parameters}])
-    assert isinstance(gbnf_constraint(action, vocab_model), Constraint)
+    # llama-cpp-python's JSON-schema converter nests one level per character of a string's maxLength.
+    bounded = json_schema_to_gbnf(json.dumps({"type": "object", "properties": {
+        "expression": {"type": "string", "maxLength": 300}}, "required": ["expression"]}))
+    assert isinstance(gbnf_constraint(bounded, vocab_model), Constraint)
     deep = "root ::= " + "(" * 200 + '"a"' + ")?" * 200
     assert isinstance(gbnf_constraint(deep, vocab_model), LlamaGrammar)  # llama.cpp's own sampler takes it
     with pytest.raises(ProtocolError, match="does not parse"):
