@@ -31,28 +31,43 @@ def _refuse(message: str) -> ProtocolError:
     return ProtocolError(ErrorCode.BAD_REQUEST, f"grammar refused: {message}")
 
 
+def gbnf_pieces(grammar: str) -> list[tuple[str, bool]]:
+    """The grammar cut into (piece, is_code): string literals, character classes and comments are not code,
+    so their parentheses are characters (the one scanner of GBNF text: limits here, rewrites in the engine)."""
+    pieces, start, i, n = [], 0, 0, len(grammar)
+    while i < n:
+        ch = grammar[i]
+        if ch not in "\"[#":
+            i += 1
+            continue
+        pieces.append((grammar[start:i], True))
+        j = i + 1
+        if ch == "#":
+            while j < n and grammar[j] != "\n":
+                j += 1
+        else:
+            close, what = ('"', "string") if ch == '"' else ("]", "character class")
+            while j < n and grammar[j] != close:
+                j += 2 if grammar[j] == "\\" else 1
+            if j >= n:
+                raise _refuse(f"unterminated {what}")
+            j += 1
+        pieces.append((grammar[i:j], False))
+        start = i = j
+    pieces.append((grammar[start:], True))
+    return pieces
+
+
 def nesting_depth(grammar: str) -> int:
     """The deepest level of parentheses llama.cpp's parser would recurse into."""
     depth = deepest = 0
-    i, n = 0, len(grammar)
-    while i < n:
-        ch = grammar[i]
-        if ch in "\"[":  # a literal or a character class: its parentheses are characters
-            close, what = ('"', "string") if ch == '"' else ("]", "character class")
-            i += 1
-            while i < n and grammar[i] != close:
-                i += 2 if grammar[i] == "\\" else 1
-            if i >= n:
-                raise _refuse(f"unterminated {what}")
-        elif ch == "#":
-            newline = grammar.find("\n", i)
-            i = n if newline < 0 else newline
-        elif ch == "(":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif ch == ")":
-            depth = max(0, depth - 1)  # an unmatched ')' is llama.cpp's parse error to report
-        i += 1
+    for piece, code in gbnf_pieces(grammar):
+        for ch in piece if code else "":
+            if ch == "(":
+                depth += 1
+                deepest = max(deepest, depth)
+            elif ch == ")":
+                depth = max(0, depth - 1)  # an unmatched ')' is llama.cpp's parse error to report
     return deepest
 
 
