@@ -361,6 +361,8 @@ def run_peer(base_url: str, config: Config, tasks: list[Task], max_steps: int, m
 def catalog_models(names: list[str] | None) -> list[tuple[str, Path]]:
     """(name, GGUF path) per requested model: a catalog name, or a path to any GGUF (default: every catalog
     model with a chat template; a base model cannot run an agent)."""
+    if names and all(name.endswith(".gguf") for name in names):
+        return [(Path(name).stem, Path(name)) for name in names]
     from shared import catalog
     chosen = []
     for name in names or [m.name for m in catalog.CATALOG.values() if m.chat_template != "none"]:
@@ -387,39 +389,42 @@ def bench_model(name: str, model_path: Path, tasks: list[Task], args, home: Path
         with Client.for_service("retrieval", config, timeout_s=120) as retrieval:
             retrieval.request("memory.upsert_many", {"collection": config.agent.memory_collection, "items": [
                 {"id": f"m{i}", "text": text} for i, text in enumerate(MEMORIES)]})
-        with heavy_lock(not args.no_lock):
-            start(config, path, ("inference",))
-            try:
-                with Client.for_service("inference", config) as inference:
-                    decode = inference.generate("Count from one to twenty in words:", max_tokens=48,
-                                                temperature=0).stats.get("decode_tps")
-                magnitude = run_magnitude(config, tasks, name)
-            finally:
-                process.stop(config, "inference")
-        with heavy_lock(not args.no_lock), llama_server(binary, model_path, args.n_ctx, home) as url:
-            peer = run_peer(url, config, tasks, args.max_steps, args.max_tokens)
+        result = {"model": name, "size_mib": round(model_path.stat().st_size / 2**20), "decode_tps": None}
+        if "magnitude" in args.systems:
+            with heavy_lock(not args.no_lock):
+                start(config, path, ("inference",))
+                try:
+                    with Client.for_service("inference", config) as inference:
+                        result["decode_tps"] = inference.generate("Count from one to twenty in words:", max_tokens=48,
+                                                                  temperature=0).stats.get("decode_tps")
+                    result["magnitude"] = run_magnitude(config, tasks, name)
+                finally:
+                    process.stop(config, "inference")
+        if "peer" in args.systems:
+            with heavy_lock(not args.no_lock), llama_server(binary, model_path, args.n_ctx, home) as url:
+                result["peer"] = run_peer(url, config, tasks, args.max_steps, args.max_tokens)
     finally:
         for service in ("optimizer", "tools", "retrieval", "embedding"):
             process.stop(config, service)
-    return {"model": name, "size_mib": round(model_path.stat().st_size / 2**20), "decode_tps": decode,
-            "magnitude": magnitude, "peer": peer}
+    return result
 
 
 def print_table(results: list[dict], version: str, n_tasks: int, args) -> None:
     print(f"\nbench_agent: {n_tasks} tasks, max {args.max_steps} steps of {args.max_tokens} tokens, n_ctx {args.n_ctx}, "
           f"temperature 0; peer: llama-server --jinja ({version}) + openai {__import__('openai').__version__} loop")
-    head = (f"{'model':<22}{'system':<11}{'solved':>9}{'valid calls':>13}{'steps/task':>12}{'s/task':>8}  "
+    width = max([len(r["model"]) for r in results] + [20]) + 2
+    head = (f"{'model':<{width}}{'system':<11}{'solved':>9}{'valid calls':>13}{'steps/task':>12}{'s/task':>8}  "
             + " ".join(f"{k:>10}" for k in KINDS))
     print(head)
     for r in results:
-        for system in ("magnitude", "peer"):
+        for system in [x for x in ("magnitude", "peer") if x in r]:
             s = r[system].summary()
             rate = "-" if s["valid_call_rate"] is None else f"{100 * s['valid_call_rate']:.0f}% ({s['calls']})"
             kinds = " ".join(f"{f'{a}/{b}':>10}" for a, b in s["by_kind"].values())
-            print(f"{r['model'] if system == 'magnitude' else '':<22}{system:<11}"
+            print(f"{r['model']:<{width}}{system:<11}"
                   f"{str(s['solved']) + '/' + str(s['tasks']):>9}"
                   f"{rate:>13}{s['steps_per_task']:>12.2f}{s['seconds_per_task']:>8.1f}  {kinds}")
-        print(f"{'':<22}decode {r['decode_tps']} tok/s (Magnitude, free text), {r['size_mib']} MiB")
+        print(f"{'':<{width}}{r['size_mib']} MiB; Magnitude decode {r['decode_tps']} tok/s (free text)")
 
 
 def main() -> int:
@@ -431,6 +436,7 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=6, help="model turns per task, both systems (default 6)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per model turn (default 256)")
     parser.add_argument("--n-ctx", type=int, default=4096, help="context size, both systems (default 4096)")
+    parser.add_argument("--systems", default="magnitude,peer", help="which side(s) to run (default: both)")
     parser.add_argument("--json", type=Path, help="write every task's outcome to this file")
     parser.add_argument("--no-lock", action="store_true", help=f"do not take {HEAVY_LOCK} (already held)")
     args = parser.parse_args()
@@ -453,7 +459,7 @@ def main() -> int:
             system: [{"goal": o.task.goal, "kind": o.task.kind, "expected": o.task.expected, "answer": o.answer,
                       "ok": o.ok, "steps": o.steps, "calls": o.calls, "valid_calls": o.valid_calls,
                       "seconds": round(o.seconds, 2), "error": o.error} for o in r[system].outcomes]
-            for system in ("magnitude", "peer")}} for r in results], indent=1))
+            for system in ("magnitude", "peer") if system in r}} for r in results], indent=1))
     return 0
 
 
