@@ -156,8 +156,7 @@ class _Run:
                     trace.answer, trace.stopped = step.content, "final_answer"
                     step.ms = round((time.monotonic() - t0) * 1000, 1)
                     break
-                history.append(Turn("assistant", turn_text(message), message={
-                    "role": "assistant", "content": message.get("content"), "tool_calls": message["tool_calls"]}))
+                history.append(Turn("assistant", turn_text(message), message=message))  # as sent: the KV matches
                 for call in message["tool_calls"]:
                     done = yield from self._call_tool(call)
                     step.calls.append(done)

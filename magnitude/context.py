@@ -187,7 +187,7 @@ class ContextManager:
                  + (yield from self.count(goal_text)) + 2 * MESSAGE_OVERHEAD)
         recent_limit = max(avail - fixed, 0)
         originals = {t.key: t for t in turns}  # what is remembered is the turn as said, not its cut copy
-        turns = yield from self._cut_all(turns, recent_limit // 3)
+        turns = yield from self._cut_all(turns, recent_limit // 2)
 
         keys = [t.key for t in turns]
         covered = len(self._covered) if self._covered and keys[:len(self._covered)] == self._covered else 0

@@ -141,11 +141,11 @@ def test_feedback_is_acknowledged_durable_and_survives_a_restart(optimizer):
 
 # --- on a real instruct model ------------------------------------------------------------------------
 LONG_FILES = 4  # each file alone fits, all of them together do not fit in N_CTX
-N_CTX = 1024
+N_CTX = 2048
 
 
 def filler(i: int) -> str:
-    lines = [f"Log {i}, entry {n}: the robot checked room {n % 7} and found nothing unusual." for n in range(14)]
+    lines = [f"Log {i}, entry {n}: the robot checked room {n % 7} and found nothing unusual." for n in range(26)]
     return "\n".join(lines) + f"\nCode word of log {i}: {['amber', 'birch', 'cedar', 'delta'][i - 1]}.\n"
 
 
