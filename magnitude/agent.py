@@ -37,9 +37,9 @@ from shared.protocol import ErrorCode
 log = structlog.get_logger("agent")
 
 #: What the model is told; bench_agent.py gives the plain tool loop it compares with the same text.
-SYSTEM_PROMPT = ("You are an assistant that completes the user's task. When a tool helps (arithmetic, reading "
-                 "a file, recalling a stored memory), call it and use its result. When you know the answer, "
-                 "reply with it in one short sentence without calling a tool.")
+SYSTEM_PROMPT = ("You are an assistant that completes the user's task. Call a tool only when the task needs what "
+                 "it does; otherwise answer directly from what you know. Once the tool results give you what "
+                 "you need, reply with the answer in one short sentence and call no more tools.")
 _SUMMARY_PROMPT = ("Summarize the conversation above in a few sentences. Keep every name, number, file name and "
                    "tool result that the task may still need.")
 #: Tokens a template's tool section adds beyond the tools' JSON, before the first reply tells the real figure.
@@ -75,6 +75,7 @@ class Step:
     prompt_tokens: int = 0
     summarized_turns: int = 0  # history turns the context budget held as a summary at this step
     compressed: bool = False  # the optimizer's advice made this step compress the history
+    repeated: bool = False  # the model repeated calls it had made; they were not run, the next step must answer
     ms: float = 0.0
 
 
@@ -94,6 +95,15 @@ class Trace:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def _canonical(arguments: Any) -> str:
+    """Tool-call arguments in one spelling, so a repeated call is recognised however it was written."""
+    try:
+        value = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except json.JSONDecodeError:
+        return str(arguments)
+    return json.dumps(value, sort_keys=True)
 
 
 def tool_specs(tools: list[dict]) -> list[dict]:
@@ -140,24 +150,33 @@ class _Run:
             context.overhead = (yield from self._budgeted(context.count(json.dumps(specs)))) + _TEMPLATE_GUESS
             trace.memories = yield from self._recall()
             history: list[Turn] = []
-            last_compressed = -_COMPRESS_EVERY
+            made: set[tuple[str, str]] = set()  # (tool, arguments) of the calls already run
+            last_compressed, answer_now = -_COMPRESS_EVERY, False
             for index in range(1, self.max_iterations + 1):
                 t0 = time.monotonic()
                 compress = index - last_compressed >= _COMPRESS_EVERY and (yield from self._advised_to_compress())
                 built = yield from self._budgeted(context.build(SYSTEM_PROMPT, trace.goal, history,
                                                                memories=trace.memories, compress=compress))
-                reply = yield self._ask("inference", "chat", self._chat_body(built.messages, specs))
+                # The last step, and the step after a repeated call, must answer: no tool call can open.
+                choice = "none" if answer_now or index == self.max_iterations else "auto"
+                reply = yield self._ask("inference", "chat", self._chat_body(built.messages, specs, choice))
                 context.observe(built, reply.get("prompt_tokens", 0))
                 step = self._record(index, built, reply, compress)
+                step.ms = round((time.monotonic() - t0) * 1000, 1)
                 if compress and built.summarized_turns:
                     last_compressed = index
                 message = reply["message"]
-                if not message.get("tool_calls"):
+                calls = message.get("tool_calls") or []
+                if not calls:
                     trace.answer, trace.stopped = step.content, "final_answer"
-                    step.ms = round((time.monotonic() - t0) * 1000, 1)
                     break
+                keys = {(c["function"]["name"], _canonical(c["function"]["arguments"])) for c in calls}
+                if keys <= made:  # it asks again for what it has read: do not run it, ask for the answer
+                    step.repeated = answer_now = True
+                    continue
+                made |= keys
                 history.append(Turn("assistant", turn_text(message), message=message))  # as sent: the KV matches
-                for call in message["tool_calls"]:
+                for call in calls:
                     done = yield from self._call_tool(call)
                     step.calls.append(done)
                     result = done.output if done.error is None else f"Error: {done.error}"
@@ -168,9 +187,9 @@ class _Run:
             trace.stopped, trace.error = "error", f"{err.code}: {err.message}"
         trace.elapsed_s = round(time.monotonic() - started, 3)
 
-    def _chat_body(self, messages: list[dict], specs: list[dict]) -> dict:
+    def _chat_body(self, messages: list[dict], specs: list[dict], tool_choice: str) -> dict:
         agent = self.config.agent
-        body = {"messages": messages, "tools": specs, "tool_choice": "auto", "max_tokens": agent.max_step_tokens,
+        body = {"messages": messages, "tools": specs, "tool_choice": tool_choice, "max_tokens": agent.max_step_tokens,
                 "temperature": agent.temperature, "seed": 0}
         return body | ({"model": agent.model} if agent.model else {})
 

@@ -89,6 +89,18 @@ def test_bad_arguments_go_back_to_the_model_as_a_tool_error():
     assert last_chat["messages"][-1]["content"].startswith("Error: bad_request")
 
 
+def test_a_repeated_call_is_not_run_and_the_next_step_must_answer():
+    again = {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression":"23 * 47"}', "c2")]}
+    services = Scripted([{"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]},
+                         again, {"role": "assistant", "content": "1081"}])
+    trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
+    assert [s.repeated for s in trace.steps] == [False, True, False] and trace.answer == "1081"
+    assert sum(r.type == "tool.call" for r in services.requests) == 1  # the repeat was not run
+    chats = [r.body for r in services.requests if r.type == "chat"]
+    assert [c["tool_choice"] for c in chats] == ["auto", "auto", "none"]
+    assert chats[2]["messages"] == chats[1]["messages"]  # the repeat is not in the history: same prompt, same KV
+
+
 def test_inference_failure_ends_the_run_with_an_error_and_max_iterations_bounds_it():
     class Down(Scripted):
         def __call__(self, req):
@@ -99,11 +111,13 @@ def test_inference_failure_ends_the_run_with_an_error_and_max_iterations_bounds_
     looping = Scripted([{"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]}] * 3)
     trace = drive(_Run(parse_config({}), "goal", "s1", 3), looping)
     assert trace.stopped == "max_iterations" and len(trace.steps) == 3
+    assert [r.body["tool_choice"] for r in looping.requests if r.type == "chat"][-1] == "none"  # the last step
 
 
 def test_optimizer_advice_compresses_the_history():
-    tool_step = {"role": "assistant", "content": "x " * 400, "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]}
-    services = Scripted([tool_step] * 5 + [{"role": "assistant", "content": "1081"}], advice=True)
+    steps = [{"role": "assistant", "content": "x " * 400, "tool_calls": [call("calculator", f'{{"expression": "{n}"}}')]}
+             for n in range(5)]
+    services = Scripted(steps + [{"role": "assistant", "content": "1081"}], advice=True)
     trace = drive(_Run(parse_config({}), "goal", "s1", 8), services)
     compressed = [s.index for s in trace.steps if s.compressed]
     assert compressed and all(b - a >= 3 for a, b in zip(compressed, compressed[1:]))  # not at every step
