@@ -40,6 +40,9 @@ log = structlog.get_logger("agent")
 SYSTEM_PROMPT = ("You are an assistant that completes the user's task. Call a tool only when the task needs what "
                  "it does; otherwise answer directly from what you know. Once the tool results give you what "
                  "you need, reply with the answer in one short sentence and call no more tools.")
+#: After tool results: small models otherwise go on calling tools after they have what they need.
+_NEXT = ("Task: {goal}\nIf a step of the task is still missing (arithmetic: never in your head; another file or "
+         "memory), call the tool for it. Otherwise reply with the answer now.")
 _SUMMARY_PROMPT = ("Summarize the conversation above in a few sentences. Keep every name, number, file name and "
                    "tool result that the task may still need.")
 #: Tokens a template's tool section adds beyond the tools' JSON, before the first reply tells the real figure.
@@ -182,6 +185,7 @@ class _Run:
                     result = done.output if done.error is None else f"Error: {done.error}"
                     history.append(Turn("tool", result, message={"role": "tool", "tool_call_id": call.get("id"),
                                                                  "name": done.name, "content": result}))
+                history.append(Turn("user", _NEXT.format(goal=trace.goal)))
                 step.ms = round((time.monotonic() - t0) * 1000, 1)
         except ServiceError as err:  # inference itself failed: the run cannot go on
             trace.stopped, trace.error = "error", f"{err.code}: {err.message}"

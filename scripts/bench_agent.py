@@ -19,7 +19,8 @@ Both get the same system prompt, the same tools (executed by the same tool
 service), temperature 0, seed 0, the same max steps and max tokens per step, and
 the same n_ctx and threads. The tasks of one phase run one after the other in one
 session (Magnitude) / one slot (llama-server), so both reuse the shared prompt
-prefix. Each phase takes the shared heavy-job lock (/tmp/magnitude-heavy.lock).
+prefix. Both sides of a model run under one hold of the shared heavy-job lock
+(/tmp/magnitude-heavy.lock), so they see the same load on the box.
 
     .venv/bin/python scripts/bench_agent.py                           # every catalog model
     .venv/bin/python scripts/bench_agent.py --models qwen2.5-coder-0.5b --limit 10
@@ -390,8 +391,8 @@ def bench_model(name: str, model_path: Path, tasks: list[Task], args, home: Path
             retrieval.request("memory.upsert_many", {"collection": config.agent.memory_collection, "items": [
                 {"id": f"m{i}", "text": text} for i, text in enumerate(MEMORIES)]})
         result = {"model": name, "size_mib": round(model_path.stat().st_size / 2**20), "decode_tps": None}
-        if "magnitude" in args.systems:
-            with heavy_lock(not args.no_lock):
+        with heavy_lock(not args.no_lock):  # both sides of one model under one hold: the same box load
+            if "magnitude" in args.systems:
                 start(config, path, ("inference",))
                 try:
                     with Client.for_service("inference", config) as inference:
@@ -400,9 +401,9 @@ def bench_model(name: str, model_path: Path, tasks: list[Task], args, home: Path
                     result["magnitude"] = run_magnitude(config, tasks, name)
                 finally:
                     process.stop(config, "inference")
-        if "peer" in args.systems:
-            with heavy_lock(not args.no_lock), llama_server(binary, model_path, args.n_ctx, home) as url:
-                result["peer"] = run_peer(url, config, tasks, args.max_steps, args.max_tokens)
+            if "peer" in args.systems:
+                with llama_server(binary, model_path, args.n_ctx, home) as url:
+                    result["peer"] = run_peer(url, config, tasks, args.max_steps, args.max_tokens)
     finally:
         for service in ("optimizer", "tools", "retrieval", "embedding"):
             process.stop(config, service)

@@ -70,8 +70,9 @@ def test_loop_calls_the_tool_feeds_the_result_back_and_answers():
     first, second = [r.body for r in services.requests if r.type == "chat"]
     assert first["tools"][0]["function"]["name"] == "calculator" and first["tool_choice"] == "auto"
     assert "base 10" in first["messages"][1]["content"] and "What is 23 * 47?" in first["messages"][1]["content"]
-    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "c1", "name": "calculator", "content": "1081"}
-    assert second["messages"][-2]["tool_calls"][0]["function"]["arguments"] == '{"expression": "23 * 47"}'
+    assert second["messages"][-2] == {"role": "tool", "tool_call_id": "c1", "name": "calculator", "content": "1081"}
+    assert second["messages"][-3]["tool_calls"][0]["function"]["arguments"] == '{"expression": "23 * 47"}'
+    assert second["messages"][-1]["role"] == "user" and "What is 23 * 47?" in second["messages"][-1]["content"]
     assert [(c.name, c.output, c.valid) for c in trace.steps[0].calls] == [("calculator", "1081", True)]
     assert all(r.session == "s1" for r in services.requests)
     assert (trace.prompt_tokens, trace.cached_tokens) == (200, 400)
@@ -86,7 +87,7 @@ def test_bad_arguments_go_back_to_the_model_as_a_tool_error():
     assert not first.valid and "not valid JSON" in first.error
     assert not second.valid and second.error.startswith("bad_request")
     last_chat = [r.body for r in services.requests if r.type == "chat"][-1]
-    assert last_chat["messages"][-1]["content"].startswith("Error: bad_request")
+    assert last_chat["messages"][-2]["content"].startswith("Error: bad_request")
 
 
 def test_a_repeated_call_is_not_run_and_the_next_step_must_answer():
