@@ -19,6 +19,7 @@ renders them.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import weakref
 from array import array
@@ -142,7 +143,7 @@ class ChatModel:
     """What chat needs of one model: its template, its tokenizer both ways, where an assistant turn ends."""
 
     def __init__(self, engine: Engine):
-        self.model = engine.model
+        self.model = weakref.proxy(engine.model)  # this object is cached under the model: no strong reference back
         meta = engine.model.metadata()
         source = meta.get("tokenizer.chat_template")
         if not source:
@@ -152,6 +153,9 @@ class ChatModel:
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab))
         self.bos = llama_cpp.llama_vocab_bos(vocab)
         self.template = ChatTemplate(source, self._piece(self.bos), self._piece(llama_cpp.llama_vocab_eos(vocab)))
+        self._controls = self._control_tokens()
+        self._control_re = re.compile("|".join(re.escape(t) for t in sorted(self._controls, key=len, reverse=True))
+                                      or "(?!)")
         self.end_of_turn = self._end_of_turn()
 
     def _piece(self, token: int) -> str:
@@ -173,22 +177,41 @@ class ChatModel:
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.model.vocab, token))
 
+    def _control_tokens(self) -> dict[str, int]:
+        """The spelling of every token that only markup may produce (what ``special=True`` parses)."""
+        vocab, kinds = self.model.vocab, llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        return {text: t for t in range(self.model.n_vocab()) if llama_cpp.llama_vocab_get_attr(vocab, t) & kinds
+                and (text := llama_cpp.llama_vocab_get_text(vocab, t).decode("utf-8", "replace"))}
+
     def tokenize(self, segments: list[Segment], start: bool = True) -> list[int]:
-        """Markup with special tokens parsed, contents as plain text; BOS first when the model wants one and
-        the template did not write it (``start`` False: a continuation, no BOS)."""
+        """Control tokens only where the markup spells them; everything between them, markup and contents alike,
+        tokenized as one text, as llama.cpp tokenizes the fragments between special tokens (so a prompt is the
+        tokens the model was trained on, and a content can never spell a control token). BOS first when the
+        model wants one and the template did not write it (``start`` False: a continuation, no BOS)."""
         tokens: list[int] = []
+        text = ""
         for seg in segments:
-            if seg.text:
-                tokens += self.model.tokenize(seg.text.encode(), add_bos=False, special=not seg.content)
+            if seg.content:
+                text += seg.text
+                continue
+            pos = 0
+            for match in self._control_re.finditer(seg.text):
+                text += seg.text[pos:match.start()]
+                tokens += self._plain(text)
+                tokens.append(self._controls[match.group()])
+                text, pos = "", match.end()
+            text += seg.text[pos:]
+        tokens += self._plain(text)
         if start and self.add_bos and (not tokens or tokens[0] != self.bos):
             tokens.insert(0, self.bos)
         return tokens
 
+    def _plain(self, text: str) -> list[int]:
+        return self.model.tokenize(text.encode(), add_bos=False, special=False) if text else []
+
     def has_special_text(self, text: str) -> bool:
         """Whether ``text`` holds the spelling of a control token (it would turn into markup if parsed)."""
-        raw = text.encode()
-        return (self.model.tokenize(raw, add_bos=False, special=True)
-                != self.model.tokenize(raw, add_bos=False, special=False))
+        return self._control_re.search(text) is not None
 
 
 _chat_models: "weakref.WeakKeyDictionary[Any, ChatModel]" = weakref.WeakKeyDictionary()
@@ -248,15 +271,16 @@ class ChatTurn:
     """One chat generation: its prompt, its streaming filter and the assistant message at the end."""
 
     def __init__(self, conversations: "Conversations", session: str | None, model_name: str, cm: ChatModel,
-                 tools: dict[str, Tool], parse_calls: bool, emit: Callable[[dict], None] | None):
+                 prompt: list[int], request: dict, tools: dict[str, Tool], parse_calls: bool,
+                 emit: Callable[[dict], None] | None):
         self._conversations, self._session, self._model_name, self._cm = conversations, session, model_name, cm
+        self.prompt = prompt
+        self._request = request  # what the session remembers of this turn's request (see _LastTurn)
         self._tools, self._parse_calls, self._emit = tools, parse_calls, emit
-        self.prompt: list[int] = []
         self._text = ""
         self._streamed = ""  # content sent as text events
         self._ids: list[str] = []  # ids of the calls sent as tool_call events
         self._content = ""
-        self._last_turn: dict | None = None  # what to remember for the session, set by Conversations
 
     def on_text(self, piece: str) -> None:
         """The engine's text callback: stream content and finished calls, never call markup."""
@@ -268,7 +292,7 @@ class ChatTurn:
             found = scan(self._text, self._tools, final)
             content, calls = found.content, found.calls
         else:
-            content, calls = (self._text, []) if final else (self._text.rstrip(), [])
+            content, calls = self._text, []
         if self._emit is not None:
             if content.startswith(self._streamed) and len(content) > len(self._streamed):
                 self._emit({"text": content[len(self._streamed):]})
@@ -285,9 +309,7 @@ class ChatTurn:
 
     def reply(self, result: dict, tokens: list[int]) -> dict:
         """The ok body: the assistant message, finish_reason, and the generation's stats."""
-        text = result["text"]
-        if self._emit is None:
-            self._text = text
+        text = self._text = result["text"]
         calls = self._flush(final=True)
         while len(self._ids) < len(calls):
             self._ids.append(f"call_{secrets.token_hex(12)}")
@@ -295,12 +317,12 @@ class ChatTurn:
         message = {"role": "assistant", "content": self._content or (None if calls else ""),
                    "tool_calls": wire_calls}
         finish = "tool_calls" if calls else "length" if result["stop_reason"] == "length" else "stop"
-        if self._session is not None and self._last_turn is not None and result["stop_reason"] in ("eos", "length"):
+        if self._session is not None and result["stop_reason"] in ("eos", "length"):
             reply_tokens = tokens[:-1] if tokens and self._cm.is_eog(tokens[-1]) else tokens
             self._conversations.remember(self._session, _LastTurn(
                 model=self._model_name, reply=_message_key({**message, "content": message["content"] or "",
                                                              "tool_calls": [_parsed_call(c) for c in wire_calls]}),
-                reply_text=text, reply_tokens=array("i", reply_tokens), **self._last_turn))
+                reply_text=text, reply_tokens=array("i", reply_tokens), **self._request))
         stats = {k: v for k, v in result.items() if k != "text"}
         return {"message": message, "finish_reason": finish, **stats}
 
@@ -359,11 +381,9 @@ class Conversations:
         if prompt is None:
             prompt = cm.tokenize(segments)
         params.constraint = self._constraint(cm, engine, tools, choice, named, schema)
-        turn = ChatTurn(self, session, model_name, cm, tools, choice != "none" and bool(tools), emit)
-        turn.prompt = prompt
-        turn._last_turn = {"tools": tools_key, "messages": keys, "prompt_text": prompt_text,
-                           "prompt_tokens": array("i", prompt)}
-        return turn
+        request = {"tools": tools_key, "messages": keys, "prompt_text": prompt_text,
+                   "prompt_tokens": array("i", prompt)}
+        return ChatTurn(self, session, model_name, cm, prompt, request, tools, choice != "none" and bool(tools), emit)
 
     @staticmethod
     def _continuation(last: _LastTurn, keys: list[tuple], shown: list[dict], shown_tools: list | None,
