@@ -24,6 +24,9 @@ def print_trace(trace: Trace) -> None:
         print(f"warning: {warning}")
     if trace.error:
         print(f"error: {trace.error}")
+        if "no chat template" in trace.error:
+            print("hint: the agent needs an instruct model: `magnitude models pull qwen2.5-coder-1.5b`, then set "
+                  "engine.model_path to it, or add it to engine.models and set agent.model (docs/agents.md)")
     if trace.answer is not None:
         print(f"answer: {trace.answer}")
 
