@@ -20,6 +20,7 @@ The loop does no I/O (the sans-I/O pattern of h11): ``_Run`` is a generator of
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -79,6 +80,7 @@ class Step:
     summarized_turns: int = 0  # history turns the context budget held as a summary at this step
     compressed: bool = False  # the optimizer's advice made this step compress the history
     repeated: bool = False  # the model repeated calls it had made; they were not run, the next step must answer
+    intended: str | None = None  # the model wrote about calling this tool without a call; the next step names it
     ms: float = 0.0
 
 
@@ -154,7 +156,8 @@ class _Run:
             trace.memories = yield from self._recall()
             history: list[Turn] = []
             made: set[tuple[str, str]] = set()  # (tool, arguments) of the calls already run
-            last_compressed, answer_now = -_COMPRESS_EVERY, False
+            last_compressed, answer_now, forced = -_COMPRESS_EVERY, False, None
+            names = re.compile(r"\b(" + "|".join(re.escape(t["function"]["name"]) for t in specs) + r")\b")
             for index in range(1, self.max_iterations + 1):
                 t0 = time.monotonic()
                 compress = index - last_compressed >= _COMPRESS_EVERY and (yield from self._advised_to_compress())
@@ -162,6 +165,8 @@ class _Run:
                                                                memories=trace.memories, compress=compress))
                 # The last step, and the step after a repeated call, must answer: no tool call can open.
                 choice = "none" if answer_now or index == self.max_iterations else "auto"
+                if forced and choice == "auto":
+                    choice = {"type": "function", "function": {"name": forced}}
                 reply = yield self._ask("inference", "chat", self._chat_body(built.messages, specs, choice))
                 context.observe(built, reply.get("prompt_tokens", 0))
                 step = self._record(index, built, reply, compress)
@@ -170,6 +175,13 @@ class _Run:
                     last_compressed = index
                 message = reply["message"]
                 calls = message.get("tool_calls") or []
+                named = names.search(step.content) if specs and forced is None and choice == "auto" else None
+                if not calls and named and index < self.max_iterations:
+                    # It wrote about a call (in prose, or as JSON no parser takes) instead of making it: once
+                    # per run, ask again with that tool named, so the call comes out in the model's own format.
+                    forced = step.intended = named.group(1)
+                    continue
+                forced = forced and ""  # a named call is asked for once
                 if not calls:
                     trace.answer, trace.stopped = step.content, "final_answer"
                     break
@@ -191,7 +203,7 @@ class _Run:
             trace.stopped, trace.error = "error", f"{err.code}: {err.message}"
         trace.elapsed_s = round(time.monotonic() - started, 3)
 
-    def _chat_body(self, messages: list[dict], specs: list[dict], tool_choice: str) -> dict:
+    def _chat_body(self, messages: list[dict], specs: list[dict], tool_choice: str | dict) -> dict:
         agent = self.config.agent
         body = {"messages": messages, "tools": specs, "tool_choice": tool_choice, "max_tokens": agent.max_step_tokens,
                 "temperature": agent.temperature, "seed": 0}

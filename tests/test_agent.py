@@ -102,6 +102,18 @@ def test_a_repeated_call_is_not_run_and_the_next_step_must_answer():
     assert chats[2]["messages"] == chats[1]["messages"]  # the repeat is not in the history: same prompt, same KV
 
 
+def test_a_call_written_as_prose_is_asked_for_again_with_the_tool_named_once():
+    prose = {"role": "assistant", "content": '{{"name": "calculator", "arguments": {"expression": "23 * 47"}}}'}
+    services = Scripted([prose, {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]},
+                         {"role": "assistant", "content": "The calculator says 1081."}])
+    trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
+    assert [s.intended for s in trace.steps] == ["calculator", None, None]
+    assert trace.answer == "The calculator says 1081."  # named once per run: this answer is not re-asked
+    chats = [r.body for r in services.requests if r.type == "chat"]
+    assert [c["tool_choice"] for c in chats] == ["auto", {"type": "function", "function": {"name": "calculator"}}, "auto"]
+    assert chats[1]["messages"] == chats[0]["messages"]  # the prose is not in the history
+
+
 def test_inference_failure_ends_the_run_with_an_error_and_max_iterations_bounds_it():
     class Down(Scripted):
         def __call__(self, req):
