@@ -55,11 +55,16 @@ _SERVICES = ("inference", "tools", "retrieval", "optimizer")
 
 @dataclass(frozen=True)
 class Request:
-    """One operation of the loop: a request to a service (``session`` None: outside the run's session)."""
+    """One operation of the loop: a request to a service (``session`` None: outside the run's session).
+
+    ``optional``: the run goes on without it (recall, advice, remembering), so it is never retried: a
+    service that is not running must not hold a run up for the retry deadline.
+    """
     service: str
     type: str
     body: dict
     session: str | None = None
+    optional: bool = False
 
 
 @dataclass
@@ -142,8 +147,9 @@ class _Run:
         except StopIteration:
             self.pending = None
 
-    def _ask(self, service: str, msg_type: str, body: dict | None = None, in_session: bool = True) -> Request:
-        return Request(service, msg_type, body or {}, self.trace.session_id if in_session else None)
+    def _ask(self, service: str, msg_type: str, body: dict | None = None, in_session: bool = True,
+             optional: bool = False) -> Request:
+        return Request(service, msg_type, body or {}, self.trace.session_id if in_session else None, optional)
 
     def _loop(self) -> Generator[Request, Any, None]:
         trace = self.trace
@@ -244,7 +250,8 @@ class _Run:
             return []
         try:
             hits = (yield self._ask("retrieval", "memory.query", {"collection": agent.memory_collection,
-                                                                  "text": self.trace.goal, "k": agent.recall_k}))["hits"]
+                                                                  "text": self.trace.goal, "k": agent.recall_k},
+                                    optional=True))["hits"]
         except ServiceError as err:
             self.trace.warnings.append(f"recall: {err.code}: {err.message}")
             return []
@@ -252,7 +259,7 @@ class _Run:
 
     def _advised_to_compress(self) -> Generator[Request, Any, bool]:
         try:
-            return bool((yield self._ask("optimizer", "optimizer.advice")).get("compress"))
+            return bool((yield self._ask("optimizer", "optimizer.advice", optional=True)).get("compress"))
         except ServiceError:  # no optimizer running: nobody advises
             return False
 
@@ -281,7 +288,7 @@ class _Run:
                  for t in {t.key: t for t in turns}.values()]
         try:
             yield self._ask("retrieval", "memory.upsert_many", {"collection": self.config.agent.memory_collection,
-                                                                "items": items})
+                                                                "items": items}, optional=True)
         except ServiceError as err:
             self.trace.warnings.append(f"remember: {err.code}: {err.message}")
             log.warning("turns_not_remembered", session=self.trace.session_id, code=err.code, turns=len(items))
@@ -312,7 +319,8 @@ class Agent(_Driver):
         run = self._start(goal, session_id, max_iterations)
         while (req := run.pending) is not None:
             try:
-                run.advance(self.clients[req.service].request(req.type, req.body, req.session, retry=self.retry))
+                run.advance(self.clients[req.service].request(req.type, req.body, req.session,
+                                                              retry=None if req.optional else self.retry))
             except ServiceError as err:
                 run.advance(err)
         return run.trace
@@ -327,7 +335,8 @@ class AsyncAgent(_Driver):
         run = self._start(goal, session_id, max_iterations)
         while (req := run.pending) is not None:
             try:
-                reply = await self.clients[req.service].request(req.type, req.body, req.session, retry=self.retry)
+                reply = await self.clients[req.service].request(req.type, req.body, req.session,
+                                                                retry=None if req.optional else self.retry)
             except ServiceError as err:
                 reply = err
             run.advance(reply)
