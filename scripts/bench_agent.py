@@ -22,6 +22,8 @@ session (Magnitude) / one slot (llama-server), so both reuse the shared prompt
 prefix. Both sides of a model run under one hold of the shared heavy-job lock
 (/tmp/magnitude-heavy.lock), so they see the same load on the box.
 
+Needs the ``bench`` extra (``pip install -e .[bench]``: the pinned ``openai`` client).
+
     .venv/bin/python scripts/bench_agent.py                           # every catalog model
     .venv/bin/python scripts/bench_agent.py --models qwen2.5-coder-0.5b --limit 10
     .venv/bin/python scripts/bench_agent.py --tasks memory,two_tools --json rows.json
@@ -431,7 +433,8 @@ def print_table(results: list[dict], version: str, n_tasks: int, args) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", help="comma-separated catalog names or GGUF paths (default: every catalog model)")
+    parser.add_argument("--models", help="comma-separated catalog names or GGUF paths (default: every catalog model with a "
+                                            "chat template)")
     parser.add_argument("--tasks", help=f"comma-separated kinds to run ({', '.join(KINDS)}; default: all)")
     parser.add_argument("--limit", type=int, help="run only the first N tasks (after --tasks), for quick checks")
     parser.add_argument("--max-steps", type=int, default=6, help="model turns per task, both systems (default 6)")
@@ -444,6 +447,8 @@ def main() -> int:
     kinds = args.tasks.split(",") if args.tasks else list(KINDS)
     if unknown := set(kinds) - set(KINDS):
         parser.error(f"unknown task kinds: {', '.join(sorted(unknown))}")
+    if set(args.systems.split(",")) - {"magnitude", "peer"}:
+        parser.error("--systems takes magnitude, peer or both (comma-separated)")
     tasks = [t for t in TASKS if t.kind in kinds][:args.limit]
     models = catalog_models(args.models.split(",") if args.models else None)
     binary = llama_server_binary()
