@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import llama_cpp
+import numpy as np
 import pytest
 from llama_cpp import _internals
 
@@ -158,6 +159,20 @@ def test_a_bare_call_at_the_start_is_constrained_from_its_first_token(vocab):
     assert constraint.active and constraint.gave_up is None
     constraint.accept(_tokens(vocab, ' "')[0])
     assert constraint.allows(_tokens(vocab, "calculator")[0]) and not constraint.allows(_tokens(vocab, "launch")[0])
+
+
+@pytest.mark.model
+def test_a_constraint_restricts_llama_cpp_candidates_and_logits_alike(vocab):
+    constraint = Constraint(vocab, tagged_grammar(TOOLS, vocab))
+    logits = np.zeros(vocab.n_vocab, dtype=np.float32)
+    array = _internals.LlamaTokenDataArray(n_vocab=vocab.n_vocab)
+    array.copy_logits(logits)
+    constraint.restrict(array.candidates)
+    constraint.mask(logits)
+    opener = vocab.single_special("<tool_call>")
+    assert np.isfinite(logits).sum() == 1 and np.isfinite(logits[opener])  # only the opener may start the reply
+    assert np.isfinite(array.candidates_data.logit).sum() == 1
+    assert array.candidates_data.id[np.isfinite(array.candidates_data.logit)][0] == opener
 
 
 @pytest.mark.model
