@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import sys
 import uuid
 from pathlib import Path
@@ -65,7 +64,7 @@ async def plan(inference: AsyncClient, task: str, session: str, retry: Retry, ma
 
 def outcome(trace: Trace) -> tuple[bool, str | None]:
     """Success means a final answer reached with at least one tool call that worked."""
-    used_tool = any(s.action and s.action["tool"] != "final_answer" and not s.error for s in trace.steps)
+    used_tool = any(call.error is None for step in trace.steps for call in step.calls)
     if trace.stopped != "final_answer":
         return False, trace.error or trace.stopped
     return (True, None) if used_tool else (False, "answered without a tool")
@@ -81,8 +80,8 @@ async def run_task(number: int, task: str, inference: AsyncClient, agent: AsyncA
     if trace.stopped == "error" and trace.error.split(":", 1)[0] in RETRYABLE:  # trace.error is "code: message"
         raise ServiceError(*trace.error.split(": ", 1))  # inference still down after every retry: give up
     for step in trace.steps:
-        result = f" -> {step.error or step.observation}" if step.error or step.observation else ""
-        print(f"act>  {step.thought} Action: {json.dumps(step.action)}{result}", flush=True)
+        for call in step.calls:
+            print(f"act>  {call.name}({call.arguments}) -> {call.error or call.output}", flush=True)
     success, reason = outcome(trace)
     print(f"done> {'success' if success else 'failure'}: {trace.answer if success else reason}", flush=True)
     ack = await optimizer.request("feedback", {"session_id": session, "success": success, "error_reason": reason,

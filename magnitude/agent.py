@@ -1,41 +1,91 @@
 """The agent loop: ``Agent(config).run(goal)`` / ``await AsyncAgent(config).run(goal)`` return a ``Trace``.
 
-One run is one session: the whole run is a single growing Gemma prompt sent
-with one ``session_id``, so each step prefills only what is new. A step is a
-free ``Thought:`` line, then an ``Action:`` whose JSON is grammar-constrained
-(or parsed and repaired with one retry when ``agent.grammar`` is off), then the
-tool's ``Observation:``. The loop stops at ``final_answer`` or after
-``max_iterations``. The loop itself is a generator of operations, so the sync
-and asyncio drivers share every line of logic.
+A run is one session of the inference service's ``chat`` message, so any model
+with a chat template works: the tools go to the model in its own template, it
+calls them in its own format (parsed, and constrained once a call opens, by the
+service), and each result comes back to it in the template's tool role. A reply
+without tool calls is the answer; ``max_iterations`` bounds the run.
+
+Around each step: the run starts by recalling the long-term memories relevant
+to its goal into the system prompt; every prompt is fitted to the model's
+``n_ctx`` by the context budget, which summarizes old turns and writes them
+verbatim to long-term memory; and when the optimizer advises it (the session's
+decode speed has halved), the history is compressed at once.
+
+The loop does no I/O (the sans-I/O pattern of h11): ``_Run`` is a generator of
+``Request`` operations that receives each reply (or the ``ServiceError``), and
+``Agent`` / ``AsyncAgent`` only carry requests to the services.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generator
 
-from shared.client import AsyncClient, Client, Retry, ServiceError
-from magnitude.prompts import gemma_turn
-from magnitude.toolcall import ActionError, ActionParser, action_grammar
-from shared import shm
-from shared.config import FINAL_ANSWER, Config, load_config
+import structlog
 
-#: Observations longer than this are cut before they enter the prompt (the context is small).
-MAX_OBSERVATION_CHARS = 1200
-_THOUGHT_TOKENS = 64
+from magnitude.context import (BuiltPrompt, ContextManager, Count, Operation, Summarize, Turn, transcript,
+                               translate, turn_text)
+from shared import shm
+from shared.client import AsyncClient, Client, Retry, ServiceError
+from shared.config import Config, load_config
+from shared.protocol import ErrorCode
+
+log = structlog.get_logger("agent")
+
+#: What the model is told; bench_agent.py gives the plain tool loop it compares with the same text.
+SYSTEM_PROMPT = ("You are an assistant that completes the user's task. Call a tool only when the task needs what "
+                 "it does; otherwise answer directly from what you know. Once the tool results give you what "
+                 "you need, reply with the answer in one short sentence and call no more tools.")
+#: After tool results: small models otherwise go on calling tools after they have what they need.
+_NEXT = ("Task: {goal}\nIf a step of the task is still missing (arithmetic: never in your head; another file or "
+         "memory), call the tool for it. Otherwise reply with the answer now.")
+_SUMMARY_PROMPT = ("Summarize the conversation above in a few sentences. Keep every name, number, file name and "
+                   "tool result that the task may still need.")
+#: Tokens a template's tool section adds beyond the tools' JSON, before the first reply tells the real figure.
+_TEMPLATE_GUESS = 128
+#: After an advised compression, steps before the next one is honoured (decode speed needs time to show).
+_COMPRESS_EVERY = 3
+_SERVICES = ("inference", "tools", "retrieval", "optimizer")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One operation of the loop: a request to a service (``session`` None: outside the run's session).
+
+    ``optional``: the run goes on without it (recall, advice, remembering), so it is never retried: a
+    service that is not running must not hold a run up for the retry deadline.
+    """
+    service: str
+    type: str
+    body: dict
+    session: str | None = None
+    optional: bool = False
+
+
+@dataclass
+class ToolCall:
+    name: str
+    arguments: str  # as the model wrote them (a JSON string)
+    output: str = ""
+    error: str | None = None
+    valid: bool = False  # JSON naming a real tool with schema-valid arguments (the tool itself may still fail)
 
 
 @dataclass
 class Step:
     index: int
-    thought: str
-    action: dict | None
-    observation: str
-    error: str | None = None  # why the action failed to parse or the tool failed
-    retried: bool = False  # the repair layer asked the model again
+    content: str  # the model's text: beside its tool calls, or the answer
+    calls: list[ToolCall] = field(default_factory=list)
+    prompt_tokens: int = 0
+    summarized_turns: int = 0  # history turns the context budget held as a summary at this step
+    compressed: bool = False  # the optimizer's advice made this step compress the history
+    repeated: bool = False  # the model repeated calls it had made; they were not run, the next step must answer
+    intended: str | None = None  # the model wrote about calling this tool without a call; the next step names it
     ms: float = 0.0
 
 
@@ -47,202 +97,250 @@ class Trace:
     answer: str | None = None
     stopped: str = "max_iterations"  # final_answer | max_iterations | error
     error: str | None = None
+    memories: list[str] = field(default_factory=list)  # recalled into the first prompt
+    warnings: list[str] = field(default_factory=list)  # what failed but did not stop the run
     elapsed_s: float = 0.0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
+    prompt_tokens: int = 0  # prefilled
+    cached_tokens: int = 0  # reused from the session's KV
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def _signature(schema: dict) -> str:
-    props = schema.get("properties", {})
-    return json.dumps({k: v.get("enum", v.get("type", "any")) for k, v in props.items()})
-
-
-#: Few-shot runs for the built-ins, shown when the tool is configured: (task, thought, args, observation, answer).
-_EXAMPLES = {
-    "calculator": ("What is 12 * 9?", "This is arithmetic, so I use calculator.", {"expression": "12 * 9"},
-                   "108", "108"),
-    "file_reader": ("What does the file plan.txt say?", "This is about a file, so I use file_reader.",
-                    {"path": "plan.txt"}, "Water the plants.", "It says: Water the plants."),
-    "memory_search": ("Where did I park the car?", "I must remember something, so I use memory_search.",
-                      {"query": "where I parked the car"}, "- parked on level 2 (score 0.81)", "On level 2."),
-}
-
-
-def _example(tool: str) -> list[str]:
-    task, thought, args, observation, answer = _EXAMPLES[tool]
-    return [f"Task: {task}", f"Thought: {thought}", f"Action: {json.dumps({'tool': tool, 'args': args})}",
-            f"Observation: {observation}", "Thought: Now I know the answer.",
-            f"Action: {json.dumps({'tool': FINAL_ANSWER, 'args': {'answer': answer}})}", ""]
-
-
-def _instructions(tools: list[dict], goal: str) -> str:
-    lines = ["You solve tasks step by step using tools. Tools:"]
-    lines += [f"- {t['name']}: {t['description']} Args: {_signature(t['parameters'])}" for t in tools]
-    lines += [f'- {FINAL_ANSWER}: Give the final answer to the task. Args: {{"answer": "string"}}',
-              "", "Each step is one line 'Thought: ...' and one line 'Action: ' with a JSON object "
-              '{"tool": ..., "args": {...}}. You then get an Observation. When you know the answer, '
-              f"use {FINAL_ANSWER}. Pick the tool whose description fits the task.", "", "Examples:"]
-    for t in tools:
-        if t["name"] in _EXAMPLES:
-            lines += _example(t["name"])
-    lines.append(f"Task: {goal}")
-    return "\n".join(lines)
-
-
-class _Loop:
-    """The run's state and logic; yields ("generate", prompt, params) and ("tool", name, args) operations."""
-
-    def __init__(self, config: Config, tools: list[dict], max_iterations: int | None, grammar: bool | None):
-        self.config = config
-        self.tools = tools
-        self.max_iterations = max_iterations or config.agent.max_iterations
-        self.use_grammar = config.agent.grammar if grammar is None else grammar
-        self.parser = ActionParser(tools)
-        self.grammar = action_grammar(tools) if self.use_grammar else None
-
-    def _params(self, max_tokens: int, stop: list[str], grammar: str | None = None) -> dict:
-        return {"max_tokens": max_tokens, "temperature": self.config.agent.temperature, "seed": 0,
-                "stop": stop, "grammar": grammar}
-
-    def _action(self, trace: Trace, prompt: str) -> Generator:
-        """Generate and parse one Action; with grammar off, one retry with the error fed back."""
-        result = yield ("generate", prompt, self._params(self.config.agent.max_step_tokens,
-                                                         ["\n", "<end_of_turn>"], self.grammar))
-        self._count(trace, result)
-        try:
-            return result.text, self.parser.parse(result.text), None, False
-        except ActionError as err:
-            if self.use_grammar:
-                return result.text, None, f"invalid action under grammar: {err}", False
-            first_error = str(err)
-        retry = (f"{prompt}{result.text}\nObservation: Invalid Action ({first_error}). "
-                 "Write the Action again as one JSON object.\nAction: ")
-        again = yield ("generate", retry, self._params(self.config.agent.max_step_tokens, ["\n", "<end_of_turn>"]))
-        self._count(trace, again)
-        try:
-            return again.text, self.parser.parse(again.text), None, True
-        except ActionError as err:
-            return again.text, None, f"invalid action after retry: {err}", True
-
-    @staticmethod
-    def _count(trace: Trace, result) -> None:
-        trace.prompt_tokens += result.stats.get("prefill_tokens", 0)
-        trace.cached_tokens += result.stats.get("cached_tokens", 0)
-
-    def run(self, goal: str, session_id: str) -> Generator[tuple, Any, Trace]:
-        trace = Trace(goal, session_id)
-        started = time.monotonic()
-        prompt = gemma_turn("user", _instructions(self.tools, goal)) + "<start_of_turn>model\nThought:"
-        try:
-            for index in range(1, self.max_iterations + 1):
-                t0 = time.monotonic()
-                thought = yield ("generate", prompt, self._params(_THOUGHT_TOKENS, ["\n", "Action:"]))
-                self._count(trace, thought)
-                prompt += thought.text.rstrip() + "\nAction: "
-                text, action, error, retried = yield from self._action(trace, prompt)
-                prompt += text.strip()
-                step = Step(index, thought.text.strip(), action, "", error, retried)
-                trace.steps.append(step)
-                if action is not None and action["tool"] == FINAL_ANSWER:
-                    trace.answer, trace.stopped = action["args"]["answer"], "final_answer"
-                    step.ms = round((time.monotonic() - t0) * 1000, 1)
-                    break
-                if action is not None:
-                    try:
-                        reply = yield ("tool", action["tool"], action["args"])
-                        step.observation = reply
-                    except ServiceError as err:
-                        step.error = f"{err.code}: {err.message}"
-                step.observation = step.observation or f"Error: {step.error}"
-                if len(step.observation) > MAX_OBSERVATION_CHARS:
-                    step.observation = step.observation[:MAX_OBSERVATION_CHARS] + " [cut]"
-                prompt += f"\nObservation: {step.observation}\nThought:"
-                step.ms = round((time.monotonic() - t0) * 1000, 1)
-        except ServiceError as err:  # inference itself failed: the run cannot go on
-            trace.stopped, trace.error = "error", f"{err.code}: {err.message}"
-        trace.elapsed_s = round(time.monotonic() - started, 3)
-        return trace
-
-
-def _advance(gen: Generator, value: Any) -> tuple:
-    """Give the loop the last operation's result (a ServiceError is raised inside it); the next operation."""
+def _canonical(arguments: Any) -> str:
+    """Tool-call arguments in one spelling, so a repeated call is recognised however it was written."""
     try:
-        return gen.throw(value) if isinstance(value, ServiceError) else gen.send(value)
-    except StopIteration as done:
-        return ("done", done.value)
+        value = json.loads(arguments) if isinstance(arguments, str) else arguments
+    except json.JSONDecodeError:
+        return str(arguments)
+    return json.dumps(value, sort_keys=True)
 
 
-def _tool_output(body: dict) -> str:
+def tool_specs(tools: list[dict]) -> list[dict]:
+    """The tool service's ``tool.list`` entries in the OpenAI shape the ``chat`` message takes."""
+    return [{"type": "function", "function": {"name": t["name"], "description": t["description"],
+                                              "parameters": t["parameters"]}} for t in tools]
+
+
+def tool_output(body: dict) -> str:
+    """The text of a ``tool.call`` reply (large outputs come through shared memory)."""
     if "output_shm" in body:
         return shm.take_bytes(body["output_shm"]).decode("utf-8", errors="replace")
     return body.get("output", "")
 
 
-class _AgentBase:
+class _Run:
+    """One run's state and logic; ``pending`` is the request to carry next (None once ``trace`` is final)."""
+
+    def __init__(self, config: Config, goal: str, session_id: str, max_iterations: int | None):
+        self.config = config
+        self.trace = Trace(goal, session_id)
+        self.max_iterations = max_iterations or config.agent.max_iterations
+        self._steps = self._loop()
+        self.pending: Request | None = None
+        self.advance(None)
+
+    def advance(self, reply: Any) -> None:
+        """Give the loop the pending request's reply (a ServiceError is raised inside it)."""
+        try:
+            self.pending = self._steps.throw(reply) if isinstance(reply, ServiceError) else self._steps.send(reply)
+        except StopIteration:
+            self.pending = None
+
+    def _ask(self, service: str, msg_type: str, body: dict | None = None, in_session: bool = True,
+             optional: bool = False) -> Request:
+        return Request(service, msg_type, body or {}, self.trace.session_id if in_session else None, optional)
+
+    def _loop(self) -> Generator[Request, Any, None]:
+        trace = self.trace
+        started = time.monotonic()
+        try:
+            specs = tool_specs((yield self._ask("tools", "tool.list"))["tools"])
+            n_ctx = (yield self._ask("inference", "health")).get("n_ctx") or self.config.engine.n_ctx
+            context = ContextManager(n_ctx, self.config.memory.budget, self.config.memory.summary_max_tokens)
+            context.overhead = (yield from self._budgeted(context.count(json.dumps(specs)))) + _TEMPLATE_GUESS
+            trace.memories = yield from self._recall()
+            history: list[Turn] = []
+            made: set[tuple[str, str]] = set()  # (tool, arguments) of the calls already run
+            last_compressed, answer_now, forced = -_COMPRESS_EVERY, False, None
+            names = re.compile(r"\b(" + "|".join(re.escape(t["function"]["name"]) for t in specs) + r")\b")
+            for index in range(1, self.max_iterations + 1):
+                t0 = time.monotonic()
+                compress = index - last_compressed >= _COMPRESS_EVERY and (yield from self._advised_to_compress())
+                built = yield from self._budgeted(context.build(SYSTEM_PROMPT, trace.goal, history,
+                                                               memories=trace.memories, compress=compress))
+                # The last step, and the step after a repeated call, must answer: no tool call can open.
+                choice = "none" if answer_now or index == self.max_iterations else "auto"
+                if forced and choice == "auto":
+                    choice = {"type": "function", "function": {"name": forced}}
+                reply = yield self._ask("inference", "chat", self._chat_body(built.messages, specs, choice))
+                context.observe(built, reply.get("prompt_tokens", 0))
+                step = self._record(index, built, reply, compress)
+                step.ms = round((time.monotonic() - t0) * 1000, 1)
+                if compress and built.summarized_turns:
+                    last_compressed = index
+                message = reply["message"]
+                calls = message.get("tool_calls") or []
+                named = names.search(step.content) if specs and forced is None and choice == "auto" else None
+                if not calls and named and index < self.max_iterations:
+                    # It wrote about a call (in prose, or as JSON no parser takes) instead of making it: once
+                    # per run, ask again with that tool named, so the call comes out in the model's own format.
+                    forced = step.intended = named.group(1)
+                    continue
+                forced = forced and ""  # a named call is asked for once
+                if not calls:
+                    trace.answer, trace.stopped = step.content, "final_answer"
+                    break
+                keys = {(c["function"]["name"], _canonical(c["function"]["arguments"])) for c in calls}
+                if keys <= made:  # it asks again for what it has read: do not run it, ask for the answer
+                    step.repeated = answer_now = True
+                    continue
+                made |= keys
+                history.append(Turn("assistant", turn_text(message), message=message))  # as sent: the KV matches
+                for call in calls:
+                    done = yield from self._call_tool(call)
+                    step.calls.append(done)
+                    result = done.output if done.error is None else f"Error: {done.error}"
+                    history.append(Turn("tool", result, message={"role": "tool", "tool_call_id": call.get("id"),
+                                                                 "name": done.name, "content": result}))
+                history.append(Turn("user", _NEXT.format(goal=trace.goal)))
+                step.ms = round((time.monotonic() - t0) * 1000, 1)
+        except ServiceError as err:  # inference itself failed: the run cannot go on
+            trace.stopped, trace.error = "error", f"{err.code}: {err.message}"
+        trace.elapsed_s = round(time.monotonic() - started, 3)
+
+    def _chat_body(self, messages: list[dict], specs: list[dict], tool_choice: str | dict) -> dict:
+        agent = self.config.agent
+        body = {"messages": messages, "tools": specs, "tool_choice": tool_choice, "max_tokens": agent.max_step_tokens,
+                "temperature": agent.temperature, "seed": 0}
+        return body | ({"model": agent.model} if agent.model else {})
+
+    def _record(self, index: int, built: BuiltPrompt, reply: dict, compressed: bool) -> Step:
+        step = Step(index, (reply["message"].get("content") or "").strip(), prompt_tokens=reply.get("prompt_tokens", 0),
+                    summarized_turns=built.summarized_turns, compressed=compressed and bool(built.summarized_turns))
+        self.trace.steps.append(step)
+        self.trace.prompt_tokens += reply.get("prefill_tokens", 0)
+        self.trace.cached_tokens += reply.get("cached_tokens", 0)
+        return step
+
+    def _call_tool(self, call: dict) -> Generator[Request, Any, ToolCall]:
+        fn = call.get("function") or {}
+        raw = fn.get("arguments")
+        done = ToolCall(str(fn.get("name")), raw if isinstance(raw, str) else json.dumps(raw))
+        try:
+            args = json.loads(raw) if isinstance(raw, str) else raw
+        except json.JSONDecodeError as err:
+            done.error = f"the arguments are not valid JSON ({err.msg}); call the tool again with a JSON object"
+            return done
+        if not isinstance(args, dict):
+            done.error = "the arguments must be a JSON object"
+            return done
+        try:
+            done.output = tool_output((yield self._ask("tools", "tool.call", {"tool": done.name, "args": args})))
+            done.valid = True
+        except ServiceError as err:
+            done.error = f"{err.code}: {err.message}"
+            done.valid = err.code not in (ErrorCode.BAD_REQUEST, ErrorCode.NOT_FOUND)
+        return done
+
+    def _recall(self) -> Generator[Request, Any, list[str]]:
+        """Memories relevant to the goal, for the first prompt; none when retrieval is not running."""
+        agent = self.config.agent
+        if not agent.recall_k:
+            return []
+        try:
+            hits = (yield self._ask("retrieval", "memory.query", {"collection": agent.memory_collection,
+                                                                  "text": self.trace.goal, "k": agent.recall_k},
+                                    optional=True))["hits"]
+        except ServiceError as err:
+            self.trace.warnings.append(f"recall: {err.code}: {err.message}")
+            return []
+        return [h["text"] for h in hits if h["score"] >= agent.recall_min_score]
+
+    def _advised_to_compress(self) -> Generator[Request, Any, bool]:
+        try:
+            return bool((yield self._ask("optimizer", "optimizer.advice", optional=True)).get("compress"))
+        except ServiceError:  # no optimizer running: nobody advises
+            return False
+
+    def _budgeted(self, build: Generator[Operation, Any, Any]) -> Generator[Request, Any, Any]:
+        """Carry the context budget's operations out as service requests; its result."""
+        return (yield from translate(build, self._answer))
+
+    def _answer(self, op: Operation) -> Generator[Request, Any, Any]:
+        if isinstance(op, Count):
+            return len((yield self._ask("inference", "tokenize", {"text": op.text}))["tokens"])
+        if isinstance(op, Summarize):
+            return (yield from self._summarize(op))
+        return (yield from self._remember(op.turns))
+
+    def _summarize(self, op: Summarize) -> Generator[Request, Any, str]:
+        messages = [{"role": "user", "content": f"{transcript(op.turns)}\n\n{_SUMMARY_PROMPT}"}]
+        body = {"messages": messages, "max_tokens": op.max_tokens, "temperature": 0.0, "seed": 0}
+        reply = yield self._ask("inference", "chat", body | ({"model": self.config.agent.model}
+                                                             if self.config.agent.model else {}), in_session=False)
+        return reply["message"].get("content") or ""
+
+    def _remember(self, turns: tuple[Turn, ...]) -> Generator[Request, Any, None]:
+        """Write summarized turns verbatim to long-term memory; a failure is a warning, the run goes on."""
+        items = [{"id": f"{self.trace.session_id}-{t.key}", "text": t.text,
+                  "metadata": {"role": t.role, "session": self.trace.session_id, "kind": "turn"}}
+                 for t in {t.key: t for t in turns}.values()]
+        try:
+            yield self._ask("retrieval", "memory.upsert_many", {"collection": self.config.agent.memory_collection,
+                                                                "items": items}, optional=True)
+        except ServiceError as err:
+            self.trace.warnings.append(f"remember: {err.code}: {err.message}")
+            log.warning("turns_not_remembered", session=self.trace.session_id, code=err.code, turns=len(items))
+
+
+class _Driver:
     client_cls: type = Client
 
     def __init__(self, config: Config | None = None, timeout_s: float = 300.0, retry: Retry | None = None):
-        """``retry``: re-send each generate and tool call on transient failures (e.g. a service restart)."""
+        """``retry``: re-send each request on transient failures (e.g. a service restart)."""
         self.config = config or load_config()
         self.retry = retry
-        self.inference = self.client_cls.for_service("inference", self.config, timeout_s=timeout_s)
-        self.tools = self.client_cls.for_service("tools", self.config, timeout_s=timeout_s)
+        self.clients = {name: self.client_cls.for_service(name, self.config, timeout_s=timeout_s)
+                        for name in _SERVICES}
 
-    def _start(self, tools: list[dict], goal: str, session_id: str | None, max_iterations: int | None,
-               grammar: bool | None) -> tuple[Generator, str, tuple]:
-        session_id = session_id or f"agent-{uuid.uuid4().hex[:12]}"
-        gen = _Loop(self.config, tools, max_iterations, grammar).run(goal, session_id)
-        return gen, session_id, _advance(gen, None)
+    def _start(self, goal: str, session_id: str | None, max_iterations: int | None) -> _Run:
+        return _Run(self.config, goal, session_id or f"agent-{uuid.uuid4().hex[:12]}", max_iterations)
 
     def close(self) -> None:
-        self.inference.close()
-        self.tools.close()
+        for client in self.clients.values():
+            client.close()
 
 
-class Agent(_AgentBase):
-    """Blocking agent over the inference and tool services."""
+class Agent(_Driver):
+    """Blocking agent over the inference, tools, retrieval and optimizer services."""
 
-    def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None,
-            grammar: bool | None = None) -> Trace:
-        tools = self.tools.request("tool.list", retry=self.retry)["tools"]
-        gen, session_id, op = self._start(tools, goal, session_id, max_iterations, grammar)
-        while op[0] != "done":
+    def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None) -> Trace:
+        run = self._start(goal, session_id, max_iterations)
+        while (req := run.pending) is not None:
             try:
-                if op[0] == "generate":
-                    value = self.inference.generate(op[1], session_id, retry=self.retry, **op[2])
-                else:
-                    value = _tool_output(self.tools.request("tool.call", {"tool": op[1], "args": op[2]}, session_id,
-                                                            retry=self.retry))
+                run.advance(self.clients[req.service].request(req.type, req.body, req.session,
+                                                              retry=None if req.optional else self.retry))
             except ServiceError as err:
-                value = err
-            op = _advance(gen, value)
-        return op[1]
+                run.advance(err)
+        return run.trace
 
 
-class AsyncAgent(_AgentBase):
-    """asyncio agent for robot software: same as ``Agent``, awaitable."""
+class AsyncAgent(_Driver):
+    """asyncio agent for robot software: the same loop as ``Agent``, awaitable."""
 
     client_cls = AsyncClient
 
-    async def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None,
-                  grammar: bool | None = None) -> Trace:
-        tools = (await self.tools.request("tool.list", retry=self.retry))["tools"]
-        gen, session_id, op = self._start(tools, goal, session_id, max_iterations, grammar)
-        while op[0] != "done":
+    async def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None) -> Trace:
+        run = self._start(goal, session_id, max_iterations)
+        while (req := run.pending) is not None:
             try:
-                if op[0] == "generate":
-                    value = await self.inference.generate(op[1], session_id, retry=self.retry, **op[2])
-                else:
-                    body = await self.tools.request("tool.call", {"tool": op[1], "args": op[2]}, session_id,
-                                                    retry=self.retry)
-                    value = _tool_output(body)
+                reply = await self.clients[req.service].request(req.type, req.body, req.session,
+                                                                retry=None if req.optional else self.retry)
             except ServiceError as err:
-                value = err
-            op = _advance(gen, value)
-        return op[1]
+                reply = err
+            run.advance(reply)
+        return run.trace
 
 
 def submit_feedback(session_id: str, success: bool, error_reason: str | None = None,

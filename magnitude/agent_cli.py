@@ -10,17 +10,23 @@ from shared.client import Client, ServiceError
 
 
 def print_trace(trace: Trace) -> None:
+    if trace.memories:
+        print("recalled: " + " | ".join(trace.memories))
     for s in trace.steps:
-        print(f"[{s.index}] Thought: {s.thought}")
-        print(f"    Action: {json.dumps(s.action) if s.action else '(invalid)'}" + (" (retried)" if s.retried else ""))
-        if s.action and s.action["tool"] != "final_answer":
-            print(f"    Observation: {s.observation}")
-        elif s.error:
-            print(f"    Error: {s.error}")
+        note = f" (history: {s.summarized_turns} turn(s) summarized{', compressed' if s.compressed else ''})" \
+            if s.summarized_turns else ""
+        print(f"[{s.index}] {s.content or '(no text)'}{note}")
+        for call in s.calls:
+            print(f"    {call.name}({call.arguments}) -> {call.output if call.error is None else 'Error: ' + call.error}")
     print(f"stopped: {trace.stopped} after {len(trace.steps)} step(s) in {trace.elapsed_s}s "
           f"(session {trace.session_id}, prefilled {trace.prompt_tokens}, reused {trace.cached_tokens} tokens)")
+    for warning in trace.warnings:
+        print(f"warning: {warning}")
     if trace.error:
         print(f"error: {trace.error}")
+        if "no chat template" in trace.error:
+            print("hint: the agent needs an instruct model: `magnitude models pull qwen2.5-coder-1.5b`, then set "
+                  "engine.model_path to it, or add it to engine.models and set agent.model (docs/agents.md)")
     if trace.answer is not None:
         print(f"answer: {trace.answer}")
 
@@ -28,8 +34,7 @@ def print_trace(trace: Trace) -> None:
 def cmd_run(args, config) -> int:
     agent = Agent(config, timeout_s=args.timeout)
     try:
-        trace = agent.run(args.goal, session_id=args.session, max_iterations=args.max_iterations,
-                          grammar=False if args.no_grammar else None)
+        trace = agent.run(args.goal, session_id=args.session, max_iterations=args.max_iterations)
     except ServiceError as err:
         print(f"error: {err} (is the stack up? `magnitude up`)", file=sys.stderr)
         return 1
@@ -69,7 +74,6 @@ def register(sub) -> None:
     p.add_argument("goal")
     p.add_argument("--max-iterations", type=int, help="default: agent.max_iterations")
     p.add_argument("--session", help="session id for the run (default: a new one)")
-    p.add_argument("--no-grammar", action="store_true", help="unconstrained Actions (repair layer only)")
     p.add_argument("--json", action="store_true", help="print the trace as JSON")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per service call")
     p.set_defaults(fn=cmd_run)

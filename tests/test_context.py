@@ -1,8 +1,12 @@
-"""Context budget manager: pure logic with a word-count tokenizer, then the real model's tokenizer and summarizer."""
+"""Context budget manager: its logic driven with a word-count tokenizer and a fake summarizer (no services).
+
+The real tokenizer, summarizer and memory are exercised through the agent (tests/test_agent.py).
+"""
 
 import pytest
 
-from magnitude.context import ContextManager, Turn, memory_writer, model_summarizer, service_token_counter
+from magnitude.context import (MESSAGE_OVERHEAD, SUMMARY_HEADING, ContextManager, Count, Remember, Summarize, Turn, drive,
+                               transcript)
 from shared.config import ContextBudget
 
 
@@ -10,92 +14,109 @@ def words(text: str) -> int:
     return len(text.split())
 
 
-class FakeSummarizer:
-    def __init__(self):
-        self.calls = []
+class Services:
+    """Answers the manager's operations: counts words, summarizes as S(first word), remembers turns."""
 
-    def __call__(self, turns, max_tokens):
-        self.calls.append([t.text for t in turns])
-        return " ".join(f"S({t.text.split()[0]})" for t in turns)[: max_tokens * 4]
+    def __init__(self):
+        self.summaries, self.remembered = [], []
+
+    def __call__(self, op):
+        if isinstance(op, Count):
+            return words(op.text)
+        if isinstance(op, Summarize):
+            self.summaries.append([t.text for t in op.turns])
+            return " ".join(f"S({t.text.split()[0]})" for t in op.turns)
+        assert isinstance(op, Remember)
+        self.remembered.extend(op.turns)
 
 
 def history(n, words_per_turn=12):
-    return [Turn("user" if i % 2 == 0 else "model", f"t{i} " + "word " * (words_per_turn - 1)) for i in range(n)]
+    roles = ("assistant", "tool")
+    return [Turn(roles[i % 2], f"t{i} " + "word " * (words_per_turn - 1)) for i in range(n)]
 
 
-def test_small_history_is_kept_verbatim():
-    cm = ContextManager(512, words, FakeSummarizer(), budget=ContextBudget(reserve_output=64))
-    built = cm.build("You are a robot.", history(3), tools=["move_to(room)"], memories=["keys in blue bowl"])
-    assert built.summary is None and built.kept_turns == 3
-    assert "keys in blue bowl" in built.prompt and "move_to(room)" in built.prompt
-    assert built.usage["total"] == words(built.prompt) <= built.usage["budget"]
-    assert set(built.usage) >= {"system", "tools", "retrieved", "summary", "recent", "template", "total"}
+def prompt_words(built) -> int:
+    return sum(words(m["content"] or "") + MESSAGE_OVERHEAD for m in built.messages)
 
 
-@pytest.mark.parametrize("n_ctx", [48, 64, 100, 160, 300])
-def test_tiny_context_never_overflows_and_summarizes(n_ctx):
-    summarizer, remembered = FakeSummarizer(), []
-    cm = ContextManager(n_ctx, words, summarizer, remember=remembered.extend, summary_max_tokens=16,
-                        budget=ContextBudget(reserve_output=8))
+def test_small_history_is_kept_verbatim_with_memories_before_the_goal():
+    services = Services()
+    cm = ContextManager(512, ContextBudget(reserve_output=64))
+    built = drive(cm.build("You are a robot.", "Where are my keys?", history(3), memories=["keys in blue bowl"]),
+                  services)
+    assert built.summary is None and built.kept_turns == 3 and not services.summaries
+    assert built.messages[0] == {"role": "system", "content": "You are a robot."}
+    first = built.messages[1]["content"]
+    assert first.index("keys in blue bowl") < first.index("Where are my keys?")
+    assert [m["content"] for m in built.messages[2:]] == [t.text for t in history(3)]
+    assert set(built.usage) >= {"system", "retrieved", "summary", "goal", "recent", "template", "total"}
+
+
+@pytest.mark.parametrize("n_ctx", [64, 100, 160, 300])
+def test_a_long_history_is_summarized_within_budget_and_remembered(n_ctx):
+    services = Services()
+    cm = ContextManager(n_ctx, ContextBudget(reserve_output=8), summary_max_tokens=16)
     turns = history(30)
-    built = cm.build("You are the planner of a home robot. " * 5, turns, tools=["say(text)"] * 3,
-                     memories=["a memory " * 10] * 4, tool_results=["result " * 20])
-    assert words(built.prompt) <= n_ctx - 8
+    built = drive(cm.build("You are the planner of a home robot. " * 5, "Tidy the kitchen.", turns,
+                           memories=["a memory " * 10] * 4), services)
+    assert prompt_words(built) <= built.usage["total"] <= n_ctx - 8
     assert built.summary and built.summarized_turns == 30 - built.kept_turns > 0
-    assert built.prompt.count("S(t") >= 1  # the summary is in the prompt instead of the old turns
-    assert [t.key for t in remembered] == [t.key for t in turns[:built.summarized_turns]]
-    assert turns[-1].text.split()[0] in built.prompt  # the current turn is always there
+    assert SUMMARY_HEADING + "S(" in built.messages[1]["content"]  # the summary stands in for the old turns
+    assert "Tidy the kitchen." in built.messages[1]["content"]  # the goal is never summarized away
+    assert [t.key for t in services.remembered] == [t.key for t in turns[:built.summarized_turns]]
+    if built.kept_turns > 1:  # the kept part starts with a call, not a result without its call
+        assert built.messages[2]["role"] != "tool"
 
 
-def test_summary_rolls_forward_and_remembers_each_turn_once():
-    summarizer, remembered = FakeSummarizer(), []
-    cm = ContextManager(120, words, summarizer, remember=remembered.extend, summary_max_tokens=20,
-                        budget=ContextBudget(reserve_output=0))
+def test_summary_leaves_head_room_then_rolls_forward_remembering_each_turn_once():
+    services = Services()
+    cm = ContextManager(200, ContextBudget(reserve_output=0), summary_max_tokens=20)
     turns = history(20)
-    first = cm.build("sys", turns)
-    again = cm.build("sys", turns)
-    assert again.summary == first.summary and len(summarizer.calls) == 1  # nothing new: no model call
-    more = cm.build("sys", turns + history(26)[20:])
-    assert len(summarizer.calls) == 2 and summarizer.calls[1][0] == first.summary  # extends the old summary
-    keys = [t.key for t in remembered]
+    first = drive(cm.build("sys", "goal", turns), services)
+    assert len(services.summaries) == 1
+    # Head-room: the next steps append to the same prompt without a new summary (the session KV stays valid).
+    grown = turns + history(22)[20:]
+    again = drive(cm.build("sys", "goal", grown), services)
+    assert len(services.summaries) == 1 and again.summary == first.summary
+    assert again.messages[:len(first.messages)] == first.messages
+    more = drive(cm.build("sys", "goal", turns + history(40)[20:]), services)
+    assert len(services.summaries) == 2 and services.summaries[1][0] == first.summary  # extends the old summary
+    keys = [t.key for t in services.remembered]
     assert len(keys) == len(set(keys)) == more.summarized_turns
 
 
-def test_oversized_current_turn_is_cut_to_fit():
-    cm = ContextManager(64, words, FakeSummarizer(), budget=ContextBudget(reserve_output=0))
-    built = cm.build("sys", [Turn("user", "long " * 500)])
-    assert words(built.prompt) <= 64
+def test_compress_summarizes_even_when_everything_fits():
+    services = Services()
+    cm = ContextManager(2048, ContextBudget(reserve_output=0))
+    built = drive(cm.build("sys", "goal", history(40, 30)), services)
+    assert built.summary is None
+    compressed = drive(cm.build("sys", "goal", history(40, 30), compress=True), services)
+    assert compressed.summary and compressed.summarized_turns > 0
+    assert compressed.usage["total"] < built.usage["total"] / 2
+
+
+def test_oversized_turns_are_cut_to_fit():
+    services = Services()
+    cm = ContextManager(128, ContextBudget(reserve_output=0))
+    built = drive(cm.build("sys", "goal " * 300, [Turn("tool", "long " * 500)]), services)
+    assert prompt_words(built) <= 128
+    assert built.messages[-1]["content"].endswith("[cut to fit the context]")
+
+
+def test_observe_learns_the_template_overhead():
+    cm = ContextManager(512, ContextBudget(reserve_output=0))
+    built = drive(cm.build("sys", "goal", history(2)), Services())
+    cm.observe(built, built.usage["total"] + 40)  # the template's tool section was 40 tokens more
+    again = drive(cm.build("sys", "goal", history(2)), Services())
+    assert again.usage["total"] == built.usage["total"] + 40
 
 
 def test_budget_shares_are_validated():
     with pytest.raises(ValueError):
         ContextBudget(system=0.5, recent=0.4, retrieved=0.2)
     with pytest.raises(ValueError):
-        ContextManager(8, words, FakeSummarizer())
+        ContextManager(8)
 
 
-@pytest.mark.model
-def test_real_tokenizer_and_summarizer(inference_service, memory_services):
-    from shared.client import Client
-    from magnitude.memory import MemoryClient
-    inference = Client(inference_service.endpoint, timeout_s=120)
-    memory = MemoryClient(Client(memory_services.retrieval.endpoint, timeout_s=60))
-    count = service_token_counter(inference)
-    cm = ContextManager(256, count, model_summarizer(inference), memory_writer(memory, "ctx-test", "s1"),
-                        budget=ContextBudget(reserve_output=32), summary_max_tokens=48)
-    facts = ["My name is Ada and I live in Lisbon.", "The spare key is under the red flower pot.",
-             "Remind me to water the fern on Fridays.", "My sister Eva visits on Sundays.",
-             "The robot should charge at the kitchen dock.", "I prefer my coffee without sugar."]
-    turns = []
-    for fact in facts:
-        turns += [Turn("user", fact + " Please remember that carefully."), Turn("model", "Noted, I will remember.")]
-    turns.append(Turn("user", "Where is the spare key?"))
-    built = cm.build("You are a helpful home robot.", turns, memories=["The fern is in the living room."])
-    assert count(built.prompt) == built.usage["total"] <= 256 - 32
-    assert built.summary and built.summarized_turns > 0
-    assert "Summarize" not in built.summary  # a summary, not the instruction echoed back
-    print(f"\nreal tokenizer usage: {built.usage}; summary: {built.summary!r}")
-    hits = memory.query("ctx-test", text="Ada lives in Lisbon", k=3)
-    assert any("Lisbon" in h["text"] for h in hits)  # the summarized originals are in long-term memory
-    inference.close()
-    memory.close()
+def test_transcript_names_the_roles():
+    assert transcript([Turn("user", "hi"), Turn("tool", "42")]) == "User: hi\nTool: 42"

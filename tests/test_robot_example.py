@@ -15,7 +15,7 @@ import pytest
 
 from shared.client import Client
 from shared.config import parse_config
-from tests.conftest import REPO, REPORT, ServiceProcess, make_config, require_model, write_config
+from tests.conftest import REPO, REPORT, ServiceProcess, make_config, write_config
 
 pytestmark = pytest.mark.model
 
@@ -47,9 +47,12 @@ def plan_tokens_arrived(text: str) -> bool:
 
 
 def test_robot_example_survives_a_chat_service_restart(tmp_path_factory):
-    require_model()
+    from shared import catalog
+    model = catalog.get(catalog.TEST_CHAT_MODEL).path()  # the agent chats: a model with a chat template
+    if not model.is_file():
+        pytest.fail(f"{model} missing; run `magnitude models pull {catalog.TEST_CHAT_MODEL}`")
     home = tmp_path_factory.mktemp("robot")
-    base = make_config(home)
+    base = make_config(home, model_path=str(model))
     config = parse_config({**base.model_dump(mode="json"), "agent": {"max_step_tokens": 48}})
     path = write_config(home, config)
     services, robot = {}, None

@@ -78,8 +78,11 @@ class AgentConfig(Section):
     file_roots: list[Path] = Field(default_factory=list, description="directories file_reader may read under")
     max_file_bytes: int = Field(1 << 20, ge=1, le=1 << 30, description="file_reader refuses bigger files")
     memory_collection: str = Field("memories", min_length=1, max_length=128, description="memory_search's collection")
-    grammar: bool = Field(True, description="constrain each Action to the tools' JSON schemas (GBNF)")
-    max_step_tokens: int = Field(320, ge=32, le=8192, description="tokens for one Thought + Action")
+    model: str | None = Field(None, max_length=64, description="engine model name the agent chats with; "
+                                                                "null: the inference service's default")
+    max_step_tokens: int = Field(320, ge=32, le=8192, description="tokens for one reply (text and tool calls)")
+    recall_k: int = Field(3, ge=0, le=50, description="memories recalled into a run's first prompt; 0 = off")
+    recall_min_score: float = Field(0.35, ge=-1, le=1, description="cosine similarity a recalled memory needs")
     temperature: float = Field(0.0, ge=0, le=2)
 
     @field_validator("tools")
