@@ -18,19 +18,47 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 #: The most tokens one request may generate (the inference service's bound).
 MAX_TOKENS = 32768
 #: llama.cpp samples with a 32-bit seed.
 MAX_SEED = 2**32 - 1
 
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+
+
+def _mesh_numbers(value: Any) -> Any:
+    """Integers beyond 64 bits become floats: msgpack carries no bigger ones, and a JSON reader in most languages
+    holds such a number as a double anyway."""
+    if isinstance(value, dict):
+        return {k: _mesh_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mesh_numbers(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value <= _UINT64_MAX:
+        return float(value)
+    return value
+
+
+def _whole(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def Whole(ge: int, le: int) -> Any:
+    """An integer in [ge, le]; as in JSON Schema, 2.0 is an integer (strict mode alone would refuse it)."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_whole)]
+
+
+#: A free-form JSON object (a JSON schema, feedback details) as the mesh can carry it.
+JsonObject = Annotated[dict[str, Any], AfterValidator(_mesh_numbers)]
 ModelName = Annotated[str, Field(min_length=1, max_length=64, description="a name from GET /v1/models")]
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    """Strict types (no "1" for 1, no 0 for false), so what the document calls invalid is refused."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class _Reply(BaseModel):
@@ -42,14 +70,14 @@ class SamplingParams(_Request):
     """What chat and text completions share."""
 
     model: ModelName
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="default: engine.default_max_tokens")
+    max_tokens: Whole(1, MAX_TOKENS) | None = Field(None, description="default: engine.default_max_tokens")
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0, le=1000, description="extension (as llama-server)")
-    seed: int | None = Field(None, ge=0, le=MAX_SEED, description="default: a random seed per request")
+    top_k: Whole(0, 1000) | None = Field(None, description="extension (as llama-server)")
+    seed: Whole(0, MAX_SEED) | None = Field(None, description="default: a random seed per request")
     stop: StopString | Annotated[list[StopString], Field(max_length=16)] | None = None
     stream: bool = False
-    n: int | None = Field(None, ge=1, le=1, description="one choice per request")
+    n: Whole(1, 1) | None = Field(None, description="one choice per request")
     frequency_penalty: float | None = Field(None, ge=0, le=0, description="not supported: only 0")
     presence_penalty: float | None = Field(None, ge=0, le=0, description="not supported: only 0")
     user: str | None = Field(None, max_length=256, description="accepted, not used")
@@ -62,12 +90,12 @@ class StreamOptions(_Request):
     include_usage: bool = False
 
 
-class FunctionCall(BaseModel):
+class FunctionCall(_Request):
     name: str = Field(min_length=1, max_length=64)
     arguments: str = Field(max_length=1 << 20, description="a JSON object, as a string")
 
 
-class ToolCall(BaseModel):
+class ToolCall(_Request):
     id: str = Field(min_length=1, max_length=128)
     type: Literal["function"] = "function"
     function: FunctionCall
@@ -90,7 +118,7 @@ class ChatMessage(_Request):
 class FunctionDefinition(_Request):
     name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
     description: str | None = Field(None, max_length=4096)
-    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments object")
+    parameters: JsonObject | None = Field(None, description="a JSON schema of the arguments object")
     strict: bool | None = None
 
 
@@ -109,23 +137,28 @@ class NamedToolChoice(_Request):
 
 
 class JsonSchemaFormat(_Request):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
 
     name: str = Field(min_length=1, max_length=64)
     description: str | None = Field(None, max_length=4096)
-    json_schema: dict[str, Any] = Field(alias="schema", description="the JSON schema the reply must validate against")
+    json_schema: JsonObject = Field(alias="schema", description="the JSON schema the reply must validate against")
     strict: bool | None = None
 
 
-class ResponseFormat(_Request):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = Field(None, description="required with type json_schema")
+class TextFormat(_Request):
+    type: Literal["text"]
 
-    @model_validator(mode="after")
-    def _schema_with_json_schema(self) -> "ResponseFormat":
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("response_format of type json_schema needs 'json_schema'")
-        return self
+
+class JsonObjectFormat(_Request):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(_Request):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFormat, Field(discriminator="type")]
 
 
 class ChatCompletionRequest(SamplingParams):
@@ -134,7 +167,7 @@ class ChatCompletionRequest(SamplingParams):
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = Field(None, description="accepted; the model decides how many calls")
     response_format: ResponseFormat | None = None
-    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS, description="overrides max_tokens")
+    max_completion_tokens: Whole(1, MAX_TOKENS) | None = Field(None, description="overrides max_tokens")
     stream_options: StreamOptions | None = None
     logprobs: Literal[False] | None = Field(None, description="not supported: only false")
 
@@ -145,7 +178,7 @@ class CompletionRequest(SamplingParams):
     echo: bool = False
     logprobs: None = Field(None, description="not supported")
     suffix: None = Field(None, description="not supported")
-    best_of: int | None = Field(None, ge=1, le=1)
+    best_of: Whole(1, 1) | None = None
     stream_options: StreamOptions | None = None
 
     def prompt_text(self) -> str:
@@ -158,7 +191,7 @@ class EmbeddingRequest(_Request):
         list[Annotated[str, Field(min_length=1, max_length=1 << 16)]], Field(min_length=1, max_length=2048)] = Field(
         description="a text or a list of texts (token arrays are not supported)")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: int | None = Field(None, ge=1, le=4096, description="must equal the model's dimension")
+    dimensions: Whole(1, 4096) | None = Field(None, description="must equal the model's dimension")
     user: str | None = Field(None, max_length=256)
 
     def texts(self) -> list[str]:
@@ -169,7 +202,7 @@ class FeedbackRequest(_Request):
     session_id: str = Field(pattern=r"^[\x21-\x7e]{1,96}$", description="the X-Session-Id of the run")
     success: bool
     error_reason: str | None = Field(None, max_length=4096)
-    details: dict[str, Any] | None = None
+    details: JsonObject | None = None
 
 
 # --- replies ----------------------------------------------------------------------------------

@@ -49,7 +49,7 @@ def bind(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except OSError as err:
         sock.close()
-        raise OSError(err.errno, f"cannot listen on {host}:{port}: {err.strerror}") from None
+        raise OSError(f"cannot listen on {host}:{port}: {err.strerror}") from None
     sock.set_inheritable(True)
     return sock
 

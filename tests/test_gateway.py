@@ -1,0 +1,266 @@
+"""The HTTP gateway against the real stack, called the way agent frameworks call it: the official openai SDK.
+
+One stack serves the module: inference (real model), embedding, optimizer, and
+two gateway processes in front of them. ``open`` is the default gateway
+(loopback, no key). ``strict`` needs an API key, admits one request at a time,
+gives up after 1.5 s, takes bodies up to 4 KiB, and has no embedding service
+behind it: with it every error status of the API shows up for a real reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx2 as httpx
+import numpy as np
+import openai
+import pytest
+from openai import OpenAI
+
+from services.gateway.keys import create_key
+from shared.client import Client
+from shared.config import DEFAULT_EMBEDDING_MODEL_FILE, parse_config
+from tests.conftest import REPO, REPORT, ServiceProcess, make_config, require_model, wait_for, write_config
+
+pytestmark = pytest.mark.model
+
+EMBEDDING_MODEL = Path(DEFAULT_EMBEDDING_MODEL_FILE).stem
+BASE_MODEL = "default"  # the engine's model_path model: a base model, for raw completions
+STRICT_TIMEOUT_S = 1.5
+#: What every schemathesis run against the gateway uses (docs/gateway.md has the longer run): text as UTF-8
+#: (JSON can carry lone surrogates, which are no text); every check but positive_data_acceptance, which expects
+#: each schema-valid body to succeed, while a valid-looking chat can still be refused for what no schema can say
+#: (a model without a chat template, a prompt over the context, roles out of order): 400, as OpenAI answers.
+SCHEMATHESIS_ARGS = ["--generation-codec", "utf-8", "--exclude-checks", "positive_data_acceptance",
+                     "--generation-database", "none", "--output-sanitize", "false"]
+
+
+class Gateway:
+    def __init__(self, home: Path, name: str, overrides: dict, key: str | None = None):
+        data = make_config(home, n_ctx=1024).model_dump(mode="json")
+        for section, values in overrides.items():
+            data[section] = {**data[section], **values}
+        self.config = parse_config(data)
+        self.process = ServiceProcess("gateway", write_config(home, self.config), self.config).start()
+        with Client(self.process.endpoint, timeout_s=5) as c:
+            self.url = c.health()["url"]
+        self.key = key
+
+    def sdk(self, key: str | None = None, **kwargs) -> OpenAI:
+        return OpenAI(base_url=f"{self.url}/v1", api_key=key or self.key or "unused", max_retries=0,
+                      timeout=kwargs.pop("timeout", 120), **kwargs)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    require_model()
+    home = Path(os.path.realpath(tmp_path_factory.mktemp("gw", numbered=True)))
+    config = make_config(home, n_ctx=1024)
+    path = write_config(home, config)
+    services = [ServiceProcess(name, path, config).start() for name in ("inference", "embedding", "optimizer")]
+    keys_file = home / "api_keys"
+    key = create_key(keys_file, "robot")
+    gateways = []
+    try:
+        gateways.append(Gateway(home, "open", {}))
+        gateways.append(Gateway(home, "strict", {
+            "gateway": {"api_keys_file": str(keys_file), "max_concurrent": 1, "request_timeout_s": STRICT_TIMEOUT_S,
+                        "max_body_bytes": 4096},
+            "runtime": {"endpoints": {"gateway": f"ipc://{home}/strict.sock",
+                                      "embedding": f"ipc://{home}/no-embedding.sock"}}}, key=key))
+        yield {"open": gateways[0], "strict": gateways[1], "config": config, "home": home, "keys_file": keys_file}
+    finally:
+        for svc in [g.process for g in gateways] + services[::-1]:
+            svc.stop()
+
+
+def inference_idle(stack) -> None:
+    """Wait out generations an earlier test left running (a client that gave up does not stop them)."""
+    def idle() -> bool:
+        with Client.for_service("inference", stack["config"], timeout_s=5) as c:
+            health = c.health()
+        return health["running"] == 0 and health["queue_depth"] == 0
+    wait_for(idle, 60, "inference idle")
+
+
+@pytest.fixture(scope="module")
+def client(stack) -> OpenAI:
+    return stack["open"].sdk()
+
+
+def chat_models(stack) -> list[str]:
+    return [BASE_MODEL]
+
+
+# --- models, completions, sessions, embeddings, feedback, health, metrics -------------------------
+def test_models_list_the_chat_and_embedding_models(client):
+    models = {m.id: m for m in client.models.list()}
+    assert BASE_MODEL in models and EMBEDDING_MODEL in models
+    assert models[BASE_MODEL].model_extra["kind"] == "chat" and models[EMBEDDING_MODEL].model_extra["kind"] == "embedding"
+    assert client.models.retrieve(EMBEDDING_MODEL).id == EMBEDDING_MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+
+
+def test_completion_streamed_and_whole_are_the_same_text_with_usage(client):
+    args = dict(model=BASE_MODEL, prompt="The robot drove to the", max_tokens=12, temperature=0)
+    whole = client.completions.create(**args)
+    assert whole.choices[0].finish_reason == "length" and whole.usage.completion_tokens == 12
+    chunks = list(client.completions.create(**args, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == whole.choices[0].text
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 12 and chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    # OpenAI's form on request: one more chunk without choices that carries the usage
+    chunks = list(client.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == whole.usage.total_tokens
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_session_reuse_over_http_reports_cached_tokens(client):
+    prompt = "Robot log.\n08:00 Charged the battery.\n08:15 Vacuumed the hall.\n08:30"
+    session = {"X-Session-Id": f"run-{time.monotonic_ns()}"}
+    first = client.completions.create(model=BASE_MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                      extra_headers=session)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    prompt += first.choices[0].text + "\n09:00"
+    second = client.completions.create(model=BASE_MODEL, prompt=prompt, max_tokens=8, temperature=0,
+                                       extra_headers=session)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and second.model_extra["timings"]["cache_n"] == cached
+    assert second.model_extra["timings"]["prompt_n"] == second.usage.prompt_tokens - cached
+    REPORT.append(f"gateway session reuse: step 2 reused {cached} of {second.usage.prompt_tokens} prompt tokens")
+
+
+def test_embeddings_float_and_base64(client):
+    reply = client.embeddings.create(model=EMBEDDING_MODEL, input=["where are the keys?", "the keys are in the bowl"])
+    vectors = np.array([d.embedding for d in reply.data], dtype=np.float32)
+    assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-3)
+    assert reply.usage.prompt_tokens > 0 and reply.model == EMBEDDING_MODEL
+    b64 = client.embeddings.create(model=EMBEDDING_MODEL, input="where are the keys?", encoding_format="base64")
+    assert np.allclose(np.frombuffer(base64.b64decode(b64.data[0].embedding), "<f4"), vectors[0], atol=1e-6)
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="text-embedding-3-small", input="x")
+    with pytest.raises(openai.BadRequestError):
+        client.embeddings.create(model=EMBEDDING_MODEL, input="x", dimensions=128)
+
+
+def test_feedback_reaches_the_optimizer(stack):
+    url = stack["open"].url
+    receipt = httpx.post(f"{url}/v1/feedback", json={"session_id": "run-1", "success": False,
+                                                     "error_reason": "picked the wrong room"}).json()
+    assert receipt["durable"] is True
+    with Client.for_service("optimizer", stack["config"], timeout_s=5) as c:
+        stats = c.request("feedback.stats")
+    assert stats["failed"] >= 1 and any(e["reason"] == "picked the wrong room" for e in stats["top_errors"])
+
+
+def test_health_and_metrics(stack):
+    url = stack["open"].url
+    health = httpx.get(f"{url}/health")
+    assert health.status_code == 200 and health.json() == {
+        "status": "ok", "services": {"inference": True, "embedding": True, "optimizer": True}}
+    text = httpx.get(f"{url}/metrics").text
+    assert 'magnitude_http_requests_total{method="POST",route="/v1/completions",status="200"}' in text
+    assert 'magnitude_requests_total{type="generate"}' in text
+    strict = httpx.get(f"{stack['strict'].url}/health").json()  # open without a key; no embedding behind it
+    assert strict["services"]["embedding"] is False and strict["status"] == "ok"
+
+
+# --- errors: each status, for a real reason ------------------------------------------------------
+def test_400_bad_request(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=BASE_MODEL, prompt="hi", max_tokens=4, temperature=3)
+    assert err.value.body["param"] == "temperature" and err.value.body["type"] == "invalid_request_error"
+    with pytest.raises(openai.BadRequestError, match="n_ctx"):  # refused by inference itself
+        client.completions.create(model=BASE_MODEL, prompt="word " * 2000, max_tokens=4)
+
+
+def test_404_unknown_model(client):
+    with pytest.raises(openai.NotFoundError) as err:
+        client.completions.create(model="gpt-4o", prompt="hi", max_tokens=4)
+    assert err.value.body["code"] == "model_not_found"
+
+
+def test_401_without_or_with_a_wrong_key(stack):
+    strict = stack["strict"]
+    with pytest.raises(openai.AuthenticationError):
+        strict.sdk(key="mag-wrong").models.list()
+    response = httpx.get(f"{strict.url}/v1/models")
+    assert response.status_code == 401 and response.headers["www-authenticate"] == "Bearer"
+    assert response.json()["error"]["code"] == "invalid_api_key"
+    assert BASE_MODEL in {m.id for m in strict.sdk().models.list()}
+
+
+def test_keys_added_and_revoked_without_a_restart(stack):
+    strict, keys_file = stack["strict"], stack["keys_file"]
+    new = create_key(keys_file, "arm")
+    assert strict.sdk(key=new).models.list().data
+    from services.gateway.keys import revoke_key
+    assert revoke_key(keys_file, "arm")
+    with pytest.raises(openai.AuthenticationError):
+        strict.sdk(key=new).models.list()
+    assert strict.sdk().models.list().data  # the other key still works
+
+
+def test_413_body_too_large(stack):
+    with pytest.raises(openai.APIStatusError) as err:
+        stack["strict"].sdk().completions.create(model=BASE_MODEL, prompt="x" * 5000, max_tokens=4)
+    assert err.value.status_code == 413 and err.value.body["code"] == "too_large"
+
+
+def test_429_busy_with_retry_after(stack):
+    strict = stack["strict"]
+    inference_idle(stack)
+    stream = strict.sdk().completions.create(model=BASE_MODEL, prompt="Once upon a time", max_tokens=200,
+                                             temperature=0, stream=True)
+    try:
+        next(iter(stream))  # the one admission slot is taken while this stream runs
+        with pytest.raises(openai.RateLimitError) as err:
+            strict.sdk().completions.create(model=BASE_MODEL, prompt="hi", max_tokens=4)
+        assert err.value.response.headers["retry-after"] == "1"
+    finally:
+        stream.close()
+
+
+def test_503_service_not_running(stack):
+    with pytest.raises(openai.InternalServerError) as err:
+        stack["strict"].sdk().embeddings.create(model=EMBEDDING_MODEL, input="x")
+    assert err.value.status_code == 503 and err.value.response.headers["retry-after"] == "1"
+    assert err.value.body["code"] == "unavailable"
+
+
+def test_504_timeout(stack):
+    inference_idle(stack)
+    started = time.monotonic()
+    with pytest.raises(openai.APIStatusError) as err:
+        stack["strict"].sdk().completions.create(model=BASE_MODEL, prompt="Once upon a time", max_tokens=400,
+                                                 temperature=0)
+    assert err.value.status_code == 504 and err.value.body["code"] == "timeout"
+    assert time.monotonic() - started < STRICT_TIMEOUT_S + 2
+
+
+def test_stream_cut_by_the_deadline_ends_with_an_error_event(stack):
+    inference_idle(stack)
+    stream = stack["strict"].sdk().completions.create(model=BASE_MODEL, prompt="Once upon a time",
+                                                      max_tokens=400, temperature=0, stream=True)
+    with pytest.raises(openai.APIError, match="gateway.request_timeout_s"):
+        for _ in stream:
+            pass
+
+
+# --- the OpenAPI document, checked by schemathesis ----------------------------------------------------
+def test_schemathesis_finds_no_server_error_and_no_schema_violation(stack):
+    """A short run in the suite: a fixed seed, a few examples per operation (docs/gateway.md: the long one)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), SCHEMATHESIS_HOOKS="tests.gateway_st_hooks",
+               GATEWAY_ST_MODELS=",".join(chat_models(stack) + [EMBEDDING_MODEL]))
+    out = subprocess.run([sys.executable, "-m", "schemathesis.cli", "run", f"{stack['open'].url}/openapi.json",
+                          "--max-examples", "8", "--seed", "1", *SCHEMATHESIS_ARGS],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=stack["home"])
+    assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
+    summary = [line.strip() for line in out.stdout.splitlines() if "generated" in line or " passed" in line]
+    REPORT.append("gateway schemathesis (short): " + "; ".join(summary[-3:]))
