@@ -162,3 +162,13 @@ def test_include_usage_moves_usage_to_a_chunk_without_choices():
     assert [c["choices"][0]["text"] for c in out[:-1]] == ["Hi", " there", ""]
     assert out[-2]["choices"][0]["finish_reason"] == "stop" and "usage" not in out[-2]
     assert out[-1]["choices"] == [] and out[-1]["usage"]["total_tokens"] == 25
+
+
+def test_the_listening_socket_says_tcp_so_asyncio_turns_nagle_off():
+    """With proto 0 asyncio leaves Nagle on, and every keep-alive response waited ~40 ms for a delayed ACK."""
+    from services.gateway.service import bind
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()

@@ -42,7 +42,9 @@ def _url_host(host: str) -> str:
 def bind(host: str, port: int) -> socket.socket:
     """The listening socket (OSError when the address is taken or not ours)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not the default 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say TCP, and
+    # with Nagle on, a keep-alive client waits out its delayed ACK (~40 ms) on every response.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
