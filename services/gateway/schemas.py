@@ -245,12 +245,17 @@ class ChatChoice(_Reply):
     logprobs: None = None
 
 
-class ChatCompletion(_Reply):
+class _Result(_Reply):
+    """What every result and stream chunk carries."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
     system_fingerprint: str | None = Field(None, description="the engine settings id (settings_id)")
+
+
+class ChatCompletion(_Result):
+    object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatChoice]
     usage: Usage
     timings: Timings
@@ -281,17 +286,18 @@ class ChunkChoice(_Reply):
     logprobs: None = None
 
 
-class ChatCompletionChunk(_Reply):
-    """One SSE ``data:`` event of a streamed chat completion."""
+class _Piece(_Result):
+    """A result that may be one piece of a stream: usage and timings come with the last piece."""
 
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    system_fingerprint: str | None = None
-    choices: list[ChunkChoice]
     usage: Usage | None = None
     timings: Timings | None = None
+
+
+class ChatCompletionChunk(_Piece):
+    """One SSE ``data:`` event of a streamed chat completion."""
+
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChunkChoice]
 
 
 class CompletionChoice(_Reply):
@@ -301,17 +307,11 @@ class CompletionChoice(_Reply):
     logprobs: None = None
 
 
-class Completion(_Reply):
-    """A text completion, and (object text_completion, one piece of text per event) each streamed chunk."""
+class Completion(_Piece):
+    """A text completion, or one streamed chunk of one (a piece of its text)."""
 
-    id: str
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    system_fingerprint: str | None = None
     choices: list[CompletionChoice]
-    usage: Usage | None = None
-    timings: Timings | None = None
 
 
 class Embedding(_Reply):
