@@ -101,6 +101,26 @@ MESSAGES: dict[str, MessageSpec] = {
         streams=True,
         doc="Complete a prompt. With a session, the KV cache of its earlier steps is reused.",
     ),
+    "chat": MessageSpec(
+        "inference",
+        {
+            "messages": Field(list, required=True, max_len=4096),
+            "tools": Field(list, max_len=128),
+            "tool_choice": Field((str, dict)),
+            "response_format": Field(dict),
+            "max_tokens": Field(int),
+            "temperature": Field(_NUMBER),
+            "top_p": Field(_NUMBER),
+            "top_k": Field(int),
+            "seed": Field(int),
+            "stop": Field(list, max_len=16),
+            "stream": Field(bool),
+            "model": Field(str, max_len=64),
+        },
+        streams=True,
+        doc="A conversation (OpenAI-shaped messages, tools) rendered with the model's own chat template; the reply "
+            "is an assistant message with native tool calls. Streams {text} and {tool_call} events.",
+    ),
     "session.drop": MessageSpec("inference", doc="Forget the session's cached KV state."),
     "sessions": MessageSpec("inference", doc="List cached sessions and where their KV lives."),
     "tokenize": MessageSpec(

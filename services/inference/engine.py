@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 import llama_cpp
 import psutil
@@ -69,6 +69,7 @@ class GenerateParams:
     seed: int = 0
     stop: list[str] = field(default_factory=list)
     grammar: str | None = None
+    constraint: Any = None  # a services.inference.constraint.Constraint (chat: tool calls, response_format)
 
 
 class Engine:
@@ -208,16 +209,18 @@ class Engine:
                 raise ProtocolError(ErrorCode.INTERNAL, f"llama_decode failed (rc={rc}; KV cache full?)")
 
     # --- the request path ------------------------------------------------------------------
-    def start(self, prompt: str, session: str | None, params: GenerateParams,
+    def start(self, prompt: str | list[int], session: str | None, params: GenerateParams,
               on_text: Callable[[str], None] | None = None) -> "Generation":
-        """Prefill what the session's sequence lacks and sample the first token."""
+        """Prefill what the session's sequence lacks and sample the first token (``prompt``: text, or token ids
+        already tokenized, as chat does to keep message contents apart from template markup)."""
         t_start = time.perf_counter()
-        tokens = self.tokenize(prompt)
+        tokens = self.tokenize(prompt) if isinstance(prompt, str) else prompt
         n_ctx = self.cfg.n_ctx
         if len(tokens) >= n_ctx:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"prompt is {len(tokens)} tokens; n_ctx is {n_ctx}")
         sampler = TokenSampler(self.model, self.ctx, temperature=params.temperature, top_k=params.top_k,
-                               top_p=params.top_p, seed=params.seed, grammar=params.grammar)
+                               top_p=params.top_p, seed=params.seed, grammar=params.grammar,
+                               constraint=params.constraint)
         try:
             got = self.sessions.acquire(session)
         except ProtocolError:
@@ -249,19 +252,22 @@ class Engine:
         With ``spec_draft_tokens`` on, each generation also carries draft tokens looked up in its own
         context (prompt-lookup decoding: agent output often repeats what it has seen); the model checks
         them all in the same decode, and each draft that matches what the sampler picks is a token
-        gained without a decode step of its own."""
+        gained without a decode step of its own. Tokens a grammar forces are drafted the same way, whatever
+        the setting, ahead of any speculative ones: they cannot be rejected (counted as ``forced_tokens``)."""
         active = [g for g in generations if not g.done]
         if not active:
             return
         self.max_batch_seen = max(self.max_batch_seen, len(active))
         room = self.cfg.max_batch_size - len(active)  # batch cells left for drafts
         batch = self._batch
-        plan: list[tuple[Generation, int, list[int]]] = []  # generation, its first batch index, its drafts
+        plan: list[tuple[Generation, int, list[int], int]] = []  # generation, first batch index, drafts, forced
         n = 0
         for g in active:
-            drafts = self._draft(g, min(room, g.max_tokens - g.generated - 1))
+            limit = max(min(room, g.max_tokens - g.generated - 1), 0)
+            forced = g.sampler.forced()[:limit]
+            drafts = forced + self._draft(g, limit - len(forced), forced)
             room -= len(drafts)
-            plan.append((g, n, drafts))
+            plan.append((g, n, drafts, len(forced)))
             pos = len(g.slot.tokens)
             for i, tok in enumerate([g.pending] + drafts):
                 batch.token[n] = tok
@@ -276,24 +282,28 @@ class Engine:
             for g in active:
                 g.finish(self.sessions, "error")
             raise ProtocolError(ErrorCode.INTERNAL, f"llama_decode failed (rc={rc}; KV cache full?)")
-        for g, first, drafts in plan:
+        for g, first, drafts, forced in plan:
             g.slot.tokens.append(g.pending)
-            g.drafted += len(drafts)
+            g.drafted += len(drafts) - forced
             for i in range(len(drafts) + 1):
                 tok = self._sample_next(g, first + i)
                 if g.done or i == len(drafts) or tok != drafts[i]:
                     break
                 g.slot.tokens.append(tok)  # the draft was right: its KV is already in place
-                g.accepted += 1
+                if i < forced:
+                    g.forced += 1
+                else:
+                    g.accepted += 1
             if drafts:  # drop the KV of rejected drafts (and of any past where the generation ended)
                 llama_cpp.llama_memory_seq_rm(self.ctx.memory, g.slot.seq_id, len(g.slot.tokens), -1)
 
-    def _draft(self, g: "Generation", limit: int) -> list[int]:
-        """Up to ``spec_draft_tokens`` draft tokens to follow the generation's pending token."""
+    def _draft(self, g: "Generation", limit: int, forced: list[int]) -> list[int]:
+        """Up to ``spec_draft_tokens`` draft tokens to follow the generation's pending token (and the tokens its
+        grammar forces after it)."""
         k = min(self.cfg.spec_draft_tokens, limit)
         if k <= 0:
             return []
-        history = g.slot.tokens + [g.pending]
+        history = g.slot.tokens + [g.pending] + forced
         if self.cfg.spec_drafter == "model":
             return self.drafter.propose(g.slot.seq_id, history, k)
         return prompt_lookup(history, k, self.cfg.spec_ngram_size)
@@ -342,6 +352,7 @@ class Generation:
     pending: int = -1  # sampled, not yet decoded
     drafted: int = 0  # speculative draft tokens proposed
     accepted: int = 0  # ... and confirmed by the model
+    forced: int = 0  # tokens a grammar forced, decoded as drafts (not sampled)
     ttft: float | None = None
     prefill_s: float = 0.0
     t_decode: float = 0.0
@@ -349,6 +360,7 @@ class Generation:
     stop_reason: str | None = None
     model: str = ""  # the pool's name for the model (set by the service)
     model_load_ms: float = 0.0  # time spent loading that model for this request (0 when resident)
+    chat: Any = None  # the chat turn that turns the result into an assistant message (set by the service)
 
     @property
     def done(self) -> bool:
@@ -384,4 +396,5 @@ class Generation:
             "total_s": round(total_s, 4),
             "draft_tokens": self.drafted,
             "accepted_tokens": self.accepted,
+            "forced_tokens": self.forced,
         }

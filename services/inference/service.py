@@ -26,6 +26,7 @@ from shared.config import KNOBS, Config, EngineConfig
 from shared.protocol import ErrorCode, ProtocolError, Request
 from shared.service import Emitter, Service, Job
 from services.inference.engine import Engine, Generation, GenerateParams, settings_id
+from services.inference.chat import Conversations
 from services.inference.models import ModelPool
 
 #: Messages that must run while no generation is running (they rebuild, load or free engines).
@@ -35,11 +36,12 @@ _CONTROL = frozenset({"engine.configure", "model.load", "model.unload", "model.s
 class InferenceService(Service):
     name = "inference"
     workers = 1  # one worker owns every engine; concurrency comes from batching their slots
-    scheduled = frozenset({"generate"}) | _CONTROL
+    scheduled = frozenset({"generate", "chat"}) | _CONTROL
 
     def __init__(self, config: Config, endpoint: str | None = None):
         super().__init__(config, endpoint)
         self.models = ModelPool(config.engine, Engine)
+        self.conversations = Conversations()
         self.handle("session.drop", self.on_session_drop)
         self.handle("sessions", lambda req, _: self.engine.sessions.describe(req.session))
         self.handle("tokenize", lambda req, _: {"tokens": self.engine.tokenize(req.body["text"])})
@@ -163,22 +165,28 @@ class InferenceService(Service):
 
     def _start(self, job: Job, engine: Engine, load_ms: float, out: zmq.Socket) -> Generation:
         req = job.request
-        prompt, params = self._prompt(req), self._params(req.body)
+        params = self._params(req.body)
         send = self.replier(job, out)
-        on_text = (lambda text: send("event", {"text": text})) if req.body.get("stream") else None
+        model = next(name for name, e in self.models.engines.items() if e is engine)
+        stream = (lambda body: send("event", body)) if req.body.get("stream") else None
+        chat = None
+        if req.type == "chat":  # the chat hook: prompt tokens, a constraint in params, a turn that finishes it
+            chat = self.conversations.begin(req.body, req.session, engine, model, params, stream)
+            prompt, on_text = chat.prompt, chat.on_text
+        else:
+            prompt, on_text = self._prompt(req), (lambda text: stream({"text": text})) if stream else None
         g = engine.start(prompt, req.session, params, on_text)
-        g.model = next(name for name, e in self.models.engines.items() if e is engine)
-        g.model_load_ms = load_ms
+        g.model, g.model_load_ms, g.chat = model, load_ms, chat
         return g
 
     def _finished(self, job: Job, g: Generation, out: zmq.Socket) -> None:
         result = g.result()
         settings = self._settings()
         result.update(model=g.model, model_load_ms=g.model_load_ms, settings_id=settings_id(settings))
-        self.log.info("generate", session=job.request.session, request_id=job.request.id,
+        self.log.info(job.request.type, session=job.request.session, request_id=job.request.id,
                       **{k: v for k, v in result.items() if k != "text"})
         self.metrics.observe_generation(result)
-        self.replier(job, out)("ok", result)
+        self.replier(job, out)("ok", g.chat.reply(result, g.sampler.tokens) if g.chat else result)
         self.telemetry.report(dict(result, text=None, type="generation", session=job.request.session, ok=True))
 
     def _prompt(self, req: Request) -> str:
@@ -195,6 +203,7 @@ class InferenceService(Service):
     def on_session_drop(self, req: Request, _: Emitter) -> dict:
         if req.session is None:
             raise ProtocolError(ErrorCode.BAD_REQUEST, "session.drop needs a session id in the envelope")
+        self.conversations.forget(req.session)
         return {"dropped": any([e.sessions.drop(req.session) for e in self.models.engines.values()])}
 
     def on_configure(self, req: Request) -> dict:

@@ -1,0 +1,285 @@
+"""Constrained decoding with llguidance token masks: GBNF grammars, JSON schemas, and lazy tool-call grammars.
+
+llama.cpp's GBNF sampler checks candidate tokens one by one against its grammar
+stacks; measured here it halved decode speed. llguidance (the library behind
+llama.cpp's ``LLAMA_LLGUIDANCE`` build, and vLLM's and SGLang's structured output)
+walks a token trie with a lexer and an Earley parser and computes the whole mask in
+microseconds. It also knows which tokens the grammar forces next ("fast-forward"):
+those are appended without sampling and drafted into the same decode step.
+
+A ``Constraint`` is one generation's state. It is either active from the first token
+(``grammar``, ``response_format``, ``tool_choice: required``) or lazy: dormant, so
+free text stays free, until one of its triggers matches the output (the model opens
+a tool call); then the trigger's grammar takes over from the token where the match
+starts, and the tokens written since are replayed into it.
+
+Every grammar and schema is bounded (size, nesting) before anything compiles it:
+a deeply nested grammar is a known way to crash recursive parsers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import re
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import llama_cpp
+import llguidance
+import llguidance.llamacpp
+import numpy as np
+from llama_cpp import _internals
+from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
+
+from shared.protocol import ErrorCode, ProtocolError
+
+MAX_GRAMMAR_BYTES = 128 * 1024
+#: ( { levels in a GBNF grammar, outside literals. llama-cpp-python's JSON-schema converter nests one level per
+#: character of a bounded string (maxLength 200: 299 levels), so this is well above that, and far below what
+#: overflows llama.cpp's recursive GBNF parser (a 200 KB nested grammar crashed it).
+MAX_GRAMMAR_NESTING = 1024
+MAX_SCHEMA_BYTES = 64 * 1024
+MAX_SCHEMA_DEPTH = 32  # nested JSON containers in a schema
+#: llguidance's own limits, the second line of defence (its defaults allow grammars of 500k symbols).
+_LIMITS = llguidance.LLParserLimits(max_grammar_size=200_000, step_max_items=50_000, max_lexer_states=100_000)
+#: JSON as the templates render it (json.dumps defaults): canonical output re-renders byte-identically.
+JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def _bad(message: str) -> ProtocolError:
+    return ProtocolError(ErrorCode.BAD_REQUEST, message)
+
+
+def check_gbnf(text: str) -> None:
+    """Size and nesting of a GBNF grammar, counted without parsing it (so no parser can be made to recurse)."""
+    if len(text.encode()) > MAX_GRAMMAR_BYTES:
+        raise _bad(f"grammar is over {MAX_GRAMMAR_BYTES // 1024} KiB")
+    depth = deepest = 0
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c in "\"[":  # a literal or a character class: skip it, escapes included
+            close = '"' if c == '"' else "]"
+            i += 1
+            while i < n and text[i] != close:
+                i += 2 if text[i] == "\\" else 1
+        elif c == "#":
+            while i < n and text[i] != "\n":
+                i += 1
+        elif c in "({":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in ")}":
+            depth -= 1
+        i += 1
+    if deepest > MAX_GRAMMAR_NESTING:
+        raise _bad(f"grammar nests {deepest} levels deep (limit {MAX_GRAMMAR_NESTING})")
+
+
+def check_schema(schema: Any, what: str = "schema") -> None:
+    """Size and depth of a JSON schema, before it is compiled or validated against."""
+    if not isinstance(schema, dict):
+        raise _bad(f"{what} must be a JSON object")
+    try:
+        size = len(json.dumps(schema))
+    except (TypeError, ValueError, RecursionError):
+        raise _bad(f"{what} is not plain JSON") from None
+    if size > MAX_SCHEMA_BYTES:
+        raise _bad(f"{what} is over {MAX_SCHEMA_BYTES // 1024} KiB")
+    stack = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise _bad(f"{what} nests deeper than {MAX_SCHEMA_DEPTH} levels")
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+
+
+def json_lark(schema: dict) -> str:
+    """A Lark fragment (llguidance syntax) for JSON that validates against ``schema``, in the templates' style."""
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_STYLE})
+
+
+class Vocabulary:
+    """A model's tokenizer as llguidance sees it (built once per model: about a second for 150k tokens)."""
+
+    def __init__(self, model: _internals.LlamaModel):
+        vocab = model.vocab
+        self.n_vocab = model.n_vocab()
+        self.eog = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)]
+        self.tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(vocab, eos_token=self.eog or None)
+        self.eos = self.tokenizer.eos_token
+
+    def piece(self, token: int) -> bytes:
+        """A token's bytes, special tokens spelled out (``<tool_call>``)."""
+        return self.tokenizer.decode_bytes([token])
+
+    def single_special(self, text: str) -> int | None:
+        """The token id when ``text`` is exactly one special token of this vocabulary (Qwen's ``<tool_call>``)."""
+        ids = self.tokenizer.tokenize_str(text, parse_special=True)
+        return ids[0] if len(ids) == 1 and self.tokenizer.is_special_token(ids[0]) else None
+
+
+_vocabularies: "weakref.WeakKeyDictionary[_internals.LlamaModel, Vocabulary]" = weakref.WeakKeyDictionary()
+_vocab_lock = threading.Lock()
+
+
+def vocabulary(model: _internals.LlamaModel) -> Vocabulary:
+    with _vocab_lock:
+        vocab = _vocabularies.get(model)
+        if vocab is None:
+            vocab = _vocabularies[model] = Vocabulary(model)
+        return vocab
+
+
+def compile_lark(lark: str, vocab: Vocabulary) -> str:
+    """A validated llguidance grammar from Lark text; errors are the client's (bad_request)."""
+    grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, vocab.tokenizer, limits=_LIMITS)
+    if is_error:
+        raise _bad(f"grammar rejected: {messages[0][:300]}")
+    return grammar
+
+
+def gbnf_constraint(text: str, model: _internals.LlamaModel) -> "Constraint | LlamaGrammar":
+    """A constraint for a GBNF grammar (``generate``'s ``grammar``): llguidance's masks when it takes the grammar,
+    else llama.cpp's own grammar sampler, the reference for GBNF, which also says whether it parses at all.
+    llguidance's Lark front end stops at a few dozen nesting levels, and llama-cpp-python's JSON-schema converter
+    nests one level per character of a bounded string, so the agent's Action grammar takes the second way."""
+    check_gbnf(text)
+    vocab = vocabulary(model)
+    try:
+        return Constraint(vocab, compile_lark(any_to_lark(text), vocab))
+    except (GbnfToLarkError, ProtocolError, RecursionError, ValueError, IndexError, KeyError):
+        return LlamaGrammar(model, text)
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """When ``pattern`` matches the output (bytes), ``grammar`` constrains it from the match's start on."""
+
+    pattern: re.Pattern[bytes]
+    grammar: str
+
+
+class Constraint:
+    def __init__(self, vocab: Vocabulary, grammar: str | None = None, triggers: Sequence[Trigger] = (),
+                 banned: Sequence[int] = ()):
+        self.vocab = vocab
+        self._matcher = self._new_matcher(grammar) if grammar else None
+        self._triggers = list(triggers)
+        self._banned = np.array(sorted(set(banned)), dtype=np.int64)
+        self._bitmask = np.zeros((vocab.n_vocab + 31) // 32, dtype=np.int32)
+        self.tokens: list[int] = []  # every token accepted, EOS included: the generation's own record
+        self._offsets: list[int] = []  # byte offset of each token in ``_text``
+        self._text = bytearray()
+        self.triggered_at: int | None = None  # byte offset where a lazy grammar took over
+        self.gave_up: str | None = None  # why a triggered grammar could not take the output written so far
+
+    def _new_matcher(self, grammar: str) -> llguidance.LLMatcher:
+        matcher = llguidance.LLMatcher(self.vocab.tokenizer, grammar, log_level=0, limits=_LIMITS)
+        if matcher.is_error():
+            raise _bad(f"grammar rejected: {matcher.get_error()[:300]}")
+        return matcher
+
+    @property
+    def active(self) -> bool:
+        return self._matcher is not None
+
+    @property
+    def finished(self) -> bool:
+        """The grammar is complete (or in an error state): nothing but the end of the generation can follow."""
+        return self._matcher is not None and self._matcher.is_stopped()
+
+    def forced(self) -> list[int]:
+        """Tokens the grammar allows no alternative to, from here on."""
+        m = self._matcher
+        return m.compute_ff_tokens() if m is not None and not m.is_stopped() else []
+
+    def allows(self, token: int) -> bool:
+        m = self._matcher
+        if m is None:
+            return not (self._banned.size and token in self._banned)
+        return m.validate_tokens([token]) == 1
+
+    def mask(self, logits: np.ndarray) -> None:
+        """Set every disallowed token's logit to -inf, in place."""
+        m = self._matcher
+        if m is None:
+            logits[self._banned] = -np.inf
+            return
+        m.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
+        allowed = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[:logits.shape[0]]
+        logits[allowed == 0] = -np.inf
+
+    def accept(self, token: int) -> None:
+        self.tokens.append(token)
+        self._offsets.append(len(self._text))
+        self._text += self.vocab.piece(token)
+        if self._matcher is not None:
+            self._matcher.consume_token(token)
+            return
+        for trigger in self._triggers:
+            match = trigger.pattern.search(self._text)
+            if match:
+                self._activate(trigger, match.start())
+                return
+
+    def _activate(self, trigger: Trigger, start: int) -> None:
+        self._triggers = []  # one take-over per generation, whatever happens
+        self.triggered_at = start
+        if start not in self._offsets:
+            self.gave_up = "the call's opener starts inside a token"
+            return
+        matcher = self._new_matcher(trigger.grammar)
+        if not matcher.consume_tokens(self.tokens[self._offsets.index(start):]):
+            self.gave_up = f"the call written so far does not fit the tools' grammar: {matcher.get_error()[:200]}"
+            return
+        self._matcher = matcher
+
+
+class LlamaGrammar:
+    """llama.cpp's GBNF sampler behind the ``Constraint`` interface: for grammars llguidance cannot take.
+    It checks one token cheaply, but a full mask walks the whole vocabulary through its grammar stacks."""
+
+    finished = False  # llama.cpp's grammar ends by allowing only EOS; the sampler then picks it
+
+    def __init__(self, model: _internals.LlamaModel, grammar: str):
+        self._model = model
+        # Called directly: llama.cpp returns NULL for a grammar it cannot parse.
+        self._grammar = llama_cpp.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
+        if not self._grammar:
+            raise _bad("grammar does not parse (GBNF with a 'root' rule)")
+        self._one = (llama_cpp.llama_token_data * 1)()
+        self._one_array = llama_cpp.llama_token_data_array(
+            data=ctypes.cast(self._one, llama_cpp.llama_token_data_p), size=1, selected=-1, sorted=False)
+        self._all: _internals.LlamaTokenDataArray | None = None
+
+    def __del__(self) -> None:
+        if getattr(self, "_grammar", None):
+            llama_cpp.llama_sampler_free(self._grammar)
+            self._grammar = None
+
+    def forced(self) -> list[int]:
+        return []
+
+    def allows(self, token: int) -> bool:
+        self._one[0].id, self._one[0].logit, self._one[0].p = token, 0.0, 0.0
+        self._one_array.size, self._one_array.selected = 1, -1
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._one_array))
+        return math.isfinite(self._one[0].logit)
+
+    def mask(self, logits: np.ndarray) -> None:
+        if self._all is None:
+            self._all = _internals.LlamaTokenDataArray(n_vocab=logits.shape[0])
+        self._all.copy_logits(logits)
+        self._all.candidates.selected = -1
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._all.candidates))
+        logits[self._all.candidates_data.id] = self._all.candidates_data.logit
+
+    def accept(self, token: int) -> None:
+        llama_cpp.llama_sampler_accept(self._grammar, token)
