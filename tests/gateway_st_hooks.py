@@ -1,12 +1,13 @@
 """schemathesis hooks for runs against the gateway: real model names and short generations.
 
 Random model names only ever reach the 404 path, so half of the generated bodies
-get a served name (from ``GATEWAY_ST_MODELS``, comma-separated). Generations are
+get a served name: for /v1/embeddings ``GATEWAY_ST_EMBEDDING_MODEL``, elsewhere one
+of ``GATEWAY_ST_MODELS`` (comma-separated). Generations are
 capped at a few tokens, so a run measures the API, not the model's decode speed.
-Both changes keep a body exactly as valid or invalid as it was: a string model
-name becomes another string, a valid token count a smaller valid one.
+Only positive cases are changed, and they stay valid: a model name becomes
+another, a token count a smaller one.
 
-    SCHEMATHESIS_HOOKS=tests.gateway_st_hooks GATEWAY_ST_MODELS=a,b st run URL/openapi.json
+    SCHEMATHESIS_HOOKS=tests.gateway_st_hooks GATEWAY_ST_MODELS=a,b GATEWAY_ST_EMBEDDING_MODEL=c st run URL
 """
 
 from __future__ import annotations
@@ -20,20 +21,23 @@ MAX_TOKENS = 8
 _TOKEN_FIELDS = ("max_tokens", "max_completion_tokens")
 
 
-def _models() -> list[str]:
-    return [m for m in os.environ.get("GATEWAY_ST_MODELS", "").split(",") if m]
+def _models(path: str) -> list[str]:
+    names = (os.environ.get("GATEWAY_ST_EMBEDDING_MODEL", "") if path.endswith("/embeddings")
+             else os.environ.get("GATEWAY_ST_MODELS", ""))
+    return [m for m in names.split(",") if m]
 
 
 @schemathesis.hook
 def map_case(context, case):
-    """``map_case`` rather than ``map_body``: it also sees the coverage phase's cases."""
-    if isinstance(case.body, dict):
-        _adjust(case.body)
+    """``map_case`` rather than ``map_body``: it also sees the coverage phase's cases. Negative cases (built to
+    violate the schema) are left alone, so no adjustment can make one valid."""
+    negative = case.meta is not None and case.meta.generation.mode == schemathesis.GenerationMode.NEGATIVE
+    if isinstance(case.body, dict) and not negative:
+        _adjust(case.body, _models(case.operation.path))
     return case
 
 
-def _adjust(body: dict) -> None:
-    models = _models()
+def _adjust(body: dict, models: list[str]) -> None:
     if models and isinstance(body.get("model"), str) and random.random() < 0.5:
         body["model"] = random.choice(models)
     for name in _TOKEN_FIELDS:

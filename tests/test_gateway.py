@@ -1,7 +1,8 @@
 """The HTTP gateway against the real stack, called the way agent frameworks call it: the official openai SDK.
 
-One stack serves the module: inference (real model), embedding, optimizer, and
-two gateway processes in front of them. ``open`` is the default gateway
+One stack serves the module: inference (the Gemma base model as ``default`` for
+raw completions, the catalog's test chat model by its catalog name), embedding,
+optimizer, and two gateway processes in front of them. ``open`` is the default gateway
 (loopback, no key). ``strict`` needs an API key, admits one request at a time,
 gives up after 1.5 s, takes bodies up to 4 KiB, and has no embedding service
 behind it: with it every error status of the API shows up for a real reason.
@@ -10,19 +11,23 @@ behind it: with it every error status of the API shows up for a real reason.
 from __future__ import annotations
 
 import base64
+import json
 import os
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx2 as httpx
+import jsonschema
 import numpy as np
 import openai
 import pytest
 from openai import OpenAI
 
 from services.gateway.keys import create_key
+from shared import catalog
 from shared.client import Client
 from shared.config import DEFAULT_EMBEDDING_MODEL_FILE, parse_config
 from tests.conftest import REPO, REPORT, ServiceProcess, make_config, require_model, wait_for, write_config
@@ -31,6 +36,7 @@ pytestmark = pytest.mark.model
 
 EMBEDDING_MODEL = Path(DEFAULT_EMBEDDING_MODEL_FILE).stem
 BASE_MODEL = "default"  # the engine's model_path model: a base model, for raw completions
+CHAT_MODEL = catalog.TEST_CHAT_MODEL  # the smallest catalog model whose template renders tools
 STRICT_TIMEOUT_S = 1.5
 #: What every schemathesis run against the gateway uses (docs/gateway.md has the longer run): text as UTF-8
 #: (JSON can carry lone surrogates, which are no text); every check but positive_data_acceptance, which expects
@@ -40,9 +46,16 @@ SCHEMATHESIS_ARGS = ["--generation-codec", "utf-8", "--exclude-checks", "positiv
                      "--generation-database", "none", "--output-sanitize", "false"]
 
 
+def stack_config(home: Path):
+    chat_model = catalog.get(CHAT_MODEL)
+    if not catalog.is_pulled(chat_model):
+        pytest.fail(f"{CHAT_MODEL} is not pulled; run scripts/setup (or magnitude models pull {CHAT_MODEL})")
+    return make_config(home, n_ctx=1024, models={CHAT_MODEL: str(chat_model.path())})
+
+
 class Gateway:
-    def __init__(self, home: Path, name: str, overrides: dict, key: str | None = None):
-        data = make_config(home, n_ctx=1024).model_dump(mode="json")
+    def __init__(self, home: Path, overrides: dict, key: str | None = None):
+        data = stack_config(home).model_dump(mode="json")
         for section, values in overrides.items():
             data[section] = {**data[section], **values}
         self.config = parse_config(data)
@@ -60,15 +73,15 @@ class Gateway:
 def stack(tmp_path_factory):
     require_model()
     home = Path(os.path.realpath(tmp_path_factory.mktemp("gw", numbered=True)))
-    config = make_config(home, n_ctx=1024)
+    config = stack_config(home)
     path = write_config(home, config)
     services = [ServiceProcess(name, path, config).start() for name in ("inference", "embedding", "optimizer")]
     keys_file = home / "api_keys"
     key = create_key(keys_file, "robot")
     gateways = []
     try:
-        gateways.append(Gateway(home, "open", {}))
-        gateways.append(Gateway(home, "strict", {
+        gateways.append(Gateway(home, {}))
+        gateways.append(Gateway(home, {
             "gateway": {"api_keys_file": str(keys_file), "max_concurrent": 1, "request_timeout_s": STRICT_TIMEOUT_S,
                         "max_body_bytes": 4096},
             "runtime": {"endpoints": {"gateway": f"ipc://{home}/strict.sock",
@@ -93,15 +106,11 @@ def client(stack) -> OpenAI:
     return stack["open"].sdk()
 
 
-def chat_models(stack) -> list[str]:
-    return [BASE_MODEL]
-
-
 # --- models, completions, sessions, embeddings, feedback, health, metrics -------------------------
 def test_models_list_the_chat_and_embedding_models(client):
     models = {m.id: m for m in client.models.list()}
     assert BASE_MODEL in models and EMBEDDING_MODEL in models
-    assert models[BASE_MODEL].model_extra["kind"] == "chat" and models[EMBEDDING_MODEL].model_extra["kind"] == "embedding"
+    assert models[BASE_MODEL].model_extra["kind"] == "generation" and models[EMBEDDING_MODEL].model_extra["kind"] == "embedding"
     assert client.models.retrieve(EMBEDDING_MODEL).id == EMBEDDING_MODEL
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
@@ -253,11 +262,126 @@ def test_stream_cut_by_the_deadline_ends_with_an_error_event(stack):
             pass
 
 
+# --- chat ---------------------------------------------------------------------------------------------
+ROBOT_TOOLS = [{"type": "function", "function": {
+    "name": "move_to", "description": "Drive the robot to a room.",
+    "parameters": {"type": "object", "properties": {"room": {"type": "string", "enum": ["kitchen", "hall", "bedroom"]}},
+                   "required": ["room"]}}}]
+
+
+def test_chat_whole_and_streamed_are_the_same_reply(client):
+    args = dict(model=CHAT_MODEL, messages=[{"role": "system", "content": "You answer in one short sentence."},
+                                            {"role": "user", "content": "Which room is the fridge in?"}],
+                max_tokens=24, temperature=0)
+    whole = client.chat.completions.create(**args)
+    message = whole.choices[0].message
+    assert message.role == "assistant" and message.content and not message.tool_calls
+    assert whole.choices[0].finish_reason in ("stop", "length") and whole.usage.completion_tokens > 0
+    chunks = list(client.chat.completions.create(**args, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == message.content
+    assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_chat_session_reuse_over_http(client):
+    """A second request with the same X-Session-Id reports cached tokens > 0."""
+    session = {"X-Session-Id": f"agent-{time.monotonic_ns()}"}
+    messages = [{"role": "system", "content": "You plan the steps of a household robot, one short step per reply."},
+                {"role": "user", "content": "Task: bring a glass of water. First step?"}]
+    first = client.chat.completions.create(model=CHAT_MODEL, messages=messages, max_tokens=24, temperature=0,
+                                           extra_headers=session)
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "user", "content": "Done: the robot is in the kitchen. Next step?"}]
+    second = client.chat.completions.create(model=CHAT_MODEL, messages=messages, max_tokens=24, temperature=0,
+                                            extra_headers=session)
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and second.model_extra["timings"]["cache_n"] == cached
+    REPORT.append(f"gateway chat session: step 2 reused {cached} of {second.usage.prompt_tokens} prompt tokens")
+
+
+def test_tool_round_trip_whole_and_streamed(client):
+    messages = [{"role": "user", "content": "Go to the kitchen."}]
+    reply = client.chat.completions.create(model=CHAT_MODEL, messages=messages, tools=ROBOT_TOOLS, max_tokens=64,
+                                           temperature=0)
+    assert reply.choices[0].finish_reason == "tool_calls"
+    [call] = reply.choices[0].message.tool_calls
+    assert call.type == "function" and call.function.name == "move_to" and call.id
+    assert json.loads(call.function.arguments) == {"room": "kitchen"}
+    # streamed: the call arrives as one tool_calls delta, never as text
+    chunks = list(client.chat.completions.create(model=CHAT_MODEL, messages=messages, tools=ROBOT_TOOLS,
+                                                 max_tokens=64, temperature=0, stream=True))
+    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
+    assert [(d.index, d.function.name, json.loads(d.function.arguments)) for d in deltas] == [
+        (0, "move_to", {"room": "kitchen"})]
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks).strip()
+    assert chunks[-1].choices[0].finish_reason == "tool_calls" and chunks[-1].usage.completion_tokens > 0
+    # the tool's result goes back; the model answers it
+    messages += [reply.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "arrived in the kitchen"}]
+    answer = client.chat.completions.create(model=CHAT_MODEL, messages=messages, tools=ROBOT_TOOLS, tool_choice="none",
+                                            max_tokens=32, temperature=0)
+    assert answer.choices[0].message.content and not answer.choices[0].message.tool_calls
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "move_to"}}])
+def test_tool_choice_forces_a_call(client, choice):
+    reply = client.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": "Hello there!"}],
+                                           tools=ROBOT_TOOLS, tool_choice=choice, max_tokens=48, temperature=0)
+    call = reply.choices[0].message.tool_calls[0]  # more may follow; the last may be cut off by max_tokens
+    assert call.function.name == "move_to" and json.loads(call.function.arguments)["room"] in ("kitchen", "hall",
+                                                                                               "bedroom")
+    for later in reply.choices[0].message.tool_calls[1:]:  # a call cut off is shown, and says why
+        assert later.function.name == "move_to" or later.model_extra["error"]
+
+
+def test_json_schema_output_validates(client):
+    schema = {"type": "object", "properties": {"room": {"type": "string", "maxLength": 40},
+                                               "chairs": {"type": "integer", "minimum": 0}},
+              "required": ["room", "chairs"], "additionalProperties": False}
+    reply = client.chat.completions.create(
+        model=CHAT_MODEL, messages=[{"role": "user", "content": "The kitchen has 3 chairs. Describe it as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "room", "schema": schema, "strict": True}},
+        max_tokens=64, temperature=0)
+    jsonschema.validate(json.loads(reply.choices[0].message.content), schema)
+    loose = client.chat.completions.create(
+        model=CHAT_MODEL, messages=[{"role": "user", "content": "Give the kitchen's chair count as JSON."}],
+        response_format={"type": "json_object"}, max_tokens=48, temperature=0)
+    assert isinstance(json.loads(loose.choices[0].message.content), dict)
+
+
+def test_chat_refusals_are_400(client):
+    with pytest.raises(openai.BadRequestError, match="template"):  # the base model has no chat template
+        client.chat.completions.create(model=BASE_MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    with pytest.raises(openai.BadRequestError):  # tool_choice names no tool
+        client.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": "hi"}],
+                                       tools=ROBOT_TOOLS, tool_choice={"type": "function", "function": {"name": "fly"}})
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model=CHAT_MODEL, messages=[{"role": "user", "content": "hi"}], n=2)
+    assert err.value.body["param"] == "n"
+
+
+def test_the_docs_snippet_runs_as_written(stack):
+    """docs/gateway.md's Python block, run against this stack: only its URL is this gateway's."""
+    text = (REPO / "docs" / "gateway.md").read_text()
+    snippet = text.split("<!-- snippet:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert "http://localhost:8000/v1" in snippet
+    snippet = snippet.replace("http://localhost:8000/v1", f"{stack['open'].url}/v1")
+    out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert lines[0] == "read_thermometer {'room': 'kitchen'}" and lines[1].strip(), out.stdout  # a call, words
+    reused = re.search(r"(\d+) of \d+ prompt tokens were reused from step 1", out.stdout)
+    assert reused and int(reused[1]) > 0, out.stdout
+    REPORT.append("gateway docs snippet printed: " + " | ".join(out.stdout.strip().splitlines()))
+
+
 # --- the OpenAPI document, checked by schemathesis ----------------------------------------------------
 def test_schemathesis_finds_no_server_error_and_no_schema_violation(stack):
     """A short run in the suite: a fixed seed, a few examples per operation (docs/gateway.md: the long one)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), SCHEMATHESIS_HOOKS="tests.gateway_st_hooks",
-               GATEWAY_ST_MODELS=",".join(chat_models(stack) + [EMBEDDING_MODEL]))
+               GATEWAY_ST_MODELS=f"{BASE_MODEL},{CHAT_MODEL}", GATEWAY_ST_EMBEDDING_MODEL=EMBEDDING_MODEL)
     out = subprocess.run([sys.executable, "-m", "schemathesis.cli", "run", f"{stack['open'].url}/openapi.json",
                           "--max-examples", "8", "--seed", "1", *SCHEMATHESIS_ARGS],
                          capture_output=True, text=True, timeout=600, env=env, cwd=stack["home"])

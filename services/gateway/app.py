@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from prometheus_client import Histogram
+from pydantic import BaseModel
 from starlette.types import ASGIApp
 
 from services.gateway import completions, errors, resources
@@ -101,9 +102,29 @@ def _document(app: FastAPI, gw: Gateway) -> None:
                 "description": "an API key from scripts/keys api-key NAME; required once keys exist, and always "
                                "when the gateway listens beyond loopback"}}
             base["paths"]["/health"]["get"]["security"] = []
+            _document_streams(base, completions.STREAM_CHUNKS)
         document = dict(base)
         if gw.auth_required():
             document["security"] = [{"bearer": []}]
         return document
 
     app.openapi = openapi
+
+
+def _document_streams(document: dict[str, Any], chunks: dict[str, type[BaseModel]]) -> None:
+    """The text/event-stream answer of each streaming route: an event whose data is one JSON chunk (or an error),
+    or [DONE]. Before OpenAPI 3.2 a stream's ``schema`` describes one event, as schemathesis reads it."""
+    schemas = document["components"]["schemas"]
+    for path, model in chunks.items():
+        schema = model.model_json_schema(ref_template="#/components/schemas/{model}", mode="serialization")
+        for name, definition in schema.pop("$defs", {}).items():
+            schemas.setdefault(name, definition)
+        schemas.setdefault(model.__name__, schema)
+        payload = {"anyOf": [{"$ref": f"#/components/schemas/{model.__name__}"},
+                             {"$ref": "#/components/schemas/ErrorResponse"}]}
+        event = {"type": "object", "required": ["data"], "properties": {
+            "event": {"type": "string"}, "id": {"type": "string"}, "retry": {"type": "integer"},
+            "data": {"type": "string", "anyOf": [
+                {"const": "[DONE]", "description": "the end of the stream"},
+                {"contentMediaType": "application/json", "contentSchema": payload}]}}}
+        document["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"] = {"schema": event}

@@ -25,6 +25,7 @@ from services.gateway.replies import ChatShape, CompletionShape, Shape
 from services.gateway.schemas import (
     MAX_SEED,
     ChatCompletion,
+    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatMessage,
     Completion,
@@ -35,9 +36,11 @@ from shared.protocol import Reply
 
 router = APIRouter()
 
-_STREAM = {"text/event-stream": {"schema": {"type": "string"},
-                                 "description": "with stream: true, one JSON chunk per data: event, then [DONE]"}}
-GENERATION_RESPONSES = {200: {"content": _STREAM}, **documented(400, 401, 404, 413, 429, 501, 503, 504)}
+GENERATION_RESPONSES = {200: {"description": "the result; with stream: true, server-sent events: one chunk per "
+                                             "data: event, then data: [DONE]"},
+                        **documented(400, 401, 404, 413, 429, 501, 503, 504)}
+#: What each event of a streamed result carries (app.py writes it into the OpenAPI document).
+STREAM_CHUNKS = {"/v1/chat/completions": ChatCompletionChunk, "/v1/completions": Completion}
 
 
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses=GENERATION_RESPONSES,

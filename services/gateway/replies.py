@@ -29,11 +29,11 @@ from services.gateway.schemas import (
     Completion,
     CompletionChoice,
     Delta,
-    FunctionCall,
+    CalledFunction,
+    CallMade,
     FunctionCallDelta,
     PromptTokensDetails,
     Timings,
-    ToolCall,
     ToolCallDelta,
     Usage,
 )
@@ -137,7 +137,7 @@ class ChatShape(Shape):
         index = int(call.get("index", len(self.streamed_calls)))
         self.streamed_calls.add(index)
         return self._chunk(Delta(tool_calls=[ToolCallDelta(
-            index=index, id=call.get("id"), type="function",
+            index=index, id=call.get("id"), type="function", error=call.get("error"),
             function=FunctionCallDelta(name=call.get("name"), arguments=call.get("arguments")))]))
 
     def reconcile(self, final: dict[str, Any]) -> list[BaseModel]:
@@ -150,7 +150,7 @@ class ChatShape(Shape):
             if index not in self.streamed_calls:
                 fn = call.get("function") or {}
                 chunks.append(self._call_chunk({"index": index, "id": call.get("id"), "name": fn.get("name"),
-                                                "arguments": fn.get("arguments")}))
+                                                "arguments": fn.get("arguments"), "error": call.get("error")}))
         return chunks
 
     def _finish_chunk(self, final: dict[str, Any], reason: str) -> BaseModel:
@@ -182,7 +182,7 @@ class CompletionShape(Shape):
         return self._chunk("", reason, final)
 
 
-def _tool_call(call: dict[str, Any]) -> ToolCall:
+def _tool_call(call: dict[str, Any]) -> CallMade:
     fn = call.get("function") or {}
-    return ToolCall(id=call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
-                    function=FunctionCall(name=fn.get("name", ""), arguments=fn.get("arguments") or "{}"))
+    return CallMade(id=call.get("id") or f"call_{uuid.uuid4().hex[:24]}", error=call.get("error"),
+                    function=CalledFunction(name=fn.get("name") or "", arguments=fn.get("arguments") or ""))

@@ -1,7 +1,9 @@
 """Everything but generation: embeddings, the model list, feedback, health and metrics.
 
 Models come from the services themselves (inference's ``model.list``, the
-embedding service's ``health``), so the list is what can be served right now.
+embedding service's ``health``), so the list is what can be served right now;
+a model file from the catalog (``shared.catalog``) is described as the catalog
+knows it, with whether its template renders tools.
 /health is open (a load balancer or compose probe has no key); it answers 503
 while inference is not reachable, since nothing useful can be served then.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
+from pathlib import Path
 import numpy as np
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
@@ -28,6 +31,7 @@ from services.gateway.schemas import (
     Model,
     ModelList,
 )
+from shared import catalog
 from shared.codecs import vectors_from_body
 from shared.protocol import ErrorCode, ProtocolError
 
@@ -83,11 +87,19 @@ def _encode(vector: np.ndarray, encoding: str) -> list[float] | str:
     return vector.tolist()
 
 
+#: Catalog models by file name: what a configured model file is, when it came from the catalog.
+_CATALOG_FILES = {m.file: m for m in catalog.CATALOG.values()}
+
+
 async def _models(gw) -> list[Model]:
     listed, embedding = await asyncio.gather(gw.upstreams.request("inference", "model.list"), _embedding_model(gw))
     now = int(time.time())
-    models = [Model(id=m["name"], created=now, owned_by="magnitude", kind="chat", resident=bool(m.get("resident")))
-              for m in listed.get("models", [])]
+    models = []
+    for m in listed.get("models", []):
+        known = _CATALOG_FILES.get(Path(str(m.get("path", ""))).name)
+        models.append(Model(id=m["name"], created=now, owned_by="magnitude", kind="generation",
+                            resident=bool(m.get("resident")), chat_template=known.chat_template if known else None,
+                            description=known.family if known else None))
     if embedding is not None:
         models.append(Model(id=embedding["name"], created=now, owned_by="magnitude", kind="embedding",
                             resident=True))

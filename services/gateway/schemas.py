@@ -53,6 +53,7 @@ def Whole(ge: int, le: int) -> Any:
 JsonObject = Annotated[dict[str, Any], AfterValidator(_mesh_numbers)]
 ModelName = Annotated[str, Field(min_length=1, max_length=64, description="a name from GET /v1/models")]
 StopString = Annotated[str, Field(min_length=1, max_length=256)]
+PromptText = Annotated[str, Field(min_length=1)]
 
 
 class _Request(BaseModel):
@@ -91,7 +92,9 @@ class StreamOptions(_Request):
 
 
 class FunctionCall(_Request):
-    name: str = Field(min_length=1, max_length=64)
+    """A call in an earlier assistant message: sent back as it came, so one cut off by max_tokens passes too."""
+
+    name: str = Field(max_length=1024)
     arguments: str = Field(max_length=1 << 20, description="a JSON object, as a string")
 
 
@@ -173,8 +176,9 @@ class ChatCompletionRequest(SamplingParams):
 
 
 class CompletionRequest(SamplingParams):
-    prompt: str | Annotated[list[str], Field(min_length=1, max_length=1)] = Field(
-        description="one prompt (a list holding one string is accepted too)")
+    prompt: PromptText | Annotated[list[PromptText], Field(min_length=1, max_length=1)] = Field(
+        description="one prompt (a list holding one string is accepted too); not empty: a model without a BOS "
+                    "token would have nothing to continue")
     echo: bool = False
     logprobs: None = Field(None, description="not supported")
     suffix: None = Field(None, description="not supported")
@@ -229,10 +233,25 @@ class Timings(_Reply):
     predicted_per_second: float | None
 
 
+class CalledFunction(_Reply):
+    name: str
+    arguments: str = Field(description="a JSON object, as a string")
+
+
+class CallMade(_Reply):
+    """A tool call in a reply: as the model wrote it, so a call it could not finish is shown, not hidden."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+    error: str | None = Field(None, description="extension: why the call is not valid (cut off by max_tokens, "
+                                                "not the tool's shape); absent when it is")
+
+
 class AssistantMessage(_Reply):
     role: Literal["assistant"] = "assistant"
     content: str | None
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[CallMade] | None = None
 
 
 FinishReason = Literal["stop", "length", "tool_calls"]
@@ -271,6 +290,7 @@ class ToolCallDelta(_Reply):
     id: str | None = None
     type: Literal["function"] | None = None
     function: FunctionCallDelta
+    error: str | None = Field(None, description="extension, as in a whole reply's tool call")
 
 
 class Delta(_Reply):
@@ -303,7 +323,7 @@ class ChatCompletionChunk(_Piece):
 class CompletionChoice(_Reply):
     index: int
     text: str
-    finish_reason: FinishReason | None
+    finish_reason: FinishReason | None = Field(None, description="set in a result and a stream's last chunk")
     logprobs: None = None
 
 
@@ -337,8 +357,12 @@ class Model(_Reply):
     object: Literal["model"] = "model"
     created: int
     owned_by: str
-    kind: Literal["chat", "embedding"] = Field(description="extension: what the model serves")
+    kind: Literal["generation", "embedding"] = Field(description="extension: what the model serves")
     resident: bool | None = Field(None, description="extension: loaded in memory now")
+    chat_template: Literal["tools", "chat", "none"] | None = Field(
+        None, description="extension, for catalog models: its template renders tools, chat only, or none (a base "
+                          "model: completions only)")
+    description: str | None = Field(None, description="extension: what the model is (catalog models)")
 
 
 class ModelList(_Reply):
