@@ -284,6 +284,16 @@ def test_chat_whole_and_streamed_are_the_same_reply(client):
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+def test_developer_role_and_text_parts_read_as_system_and_text(client):
+    plain = [{"role": "system", "content": "Answer in one word."}, {"role": "user", "content": "Color of the sky?"}]
+    parts = [{"role": "developer", "content": [{"type": "text", "text": "Answer in one word."}]},
+             {"role": "user", "content": [{"type": "text", "text": "Color of "}, {"type": "text", "text": "the sky?"}]}]
+    replies = [client.chat.completions.create(model=CHAT_MODEL, messages=m, max_tokens=8, temperature=0)
+               for m in (plain, parts)]
+    assert replies[0].choices[0].message.content == replies[1].choices[0].message.content
+    assert replies[0].usage.prompt_tokens == replies[1].usage.prompt_tokens
+
+
 def test_chat_session_reuse_over_http(client):
     """A second request with the same X-Session-Id reports cached tokens > 0."""
     session = {"X-Session-Id": f"agent-{time.monotonic_ns()}"}

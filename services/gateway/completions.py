@@ -81,8 +81,9 @@ def chat_body(req: ChatCompletionRequest) -> dict[str, Any]:
 
 
 def _message(m: ChatMessage) -> dict[str, Any]:
-    """One message as the chat contract has it: developer is system, text parts are joined."""
-    content = m.content if not isinstance(m.content, list) else "\n".join(p.text for p in m.content)
+    """One message as the chat message takes it: developer is system (text parts go as they are; inference joins
+    them, so the HTTP and ZeroMQ paths render the same prompt)."""
+    content = m.content if not isinstance(m.content, list) else [p.model_dump() for p in m.content]
     out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
     if m.tool_calls:
         out["tool_calls"] = [c.model_dump() for c in m.tool_calls]

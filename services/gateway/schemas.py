@@ -112,7 +112,7 @@ class TextPart(_Request):
 class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
         description="developer is read as system")
-    content: str | list[TextPart] | None = Field(None, description="text, or a list of text parts (joined)")
+    content: str | list[TextPart] | None = Field(None, description="text, or a list of text parts (joined as one)")
     name: str | None = Field(None, max_length=64)
     tool_calls: list[ToolCall] | None = Field(None, max_length=64)
     tool_call_id: str | None = Field(None, max_length=128)
