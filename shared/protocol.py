@@ -80,6 +80,17 @@ class MessageSpec:
 
 _NUMBER = (int, float)
 _SHM_HANDLE = Field(dict)
+#: What generate and chat share: sampling, stop sequences, streaming, the model.
+_GENERATION = {
+    "max_tokens": Field(int),
+    "temperature": Field(_NUMBER),
+    "top_p": Field(_NUMBER),
+    "top_k": Field(int),
+    "seed": Field(int),
+    "stop": Field(list, max_len=16),
+    "stream": Field(bool),
+    "model": Field(str, max_len=64),
+}
 
 MESSAGES: dict[str, MessageSpec] = {
     "health": MessageSpec("*", doc="Liveness and vital figures: ok, uptime, model, memory."),
@@ -88,15 +99,8 @@ MESSAGES: dict[str, MessageSpec] = {
         {
             "prompt": Field(str, max_len=1 << 20),
             "prompt_shm": _SHM_HANDLE,
-            "max_tokens": Field(int),
-            "temperature": Field(_NUMBER),
-            "top_p": Field(_NUMBER),
-            "top_k": Field(int),
-            "seed": Field(int),
-            "stop": Field(list, max_len=16),
-            "stream": Field(bool),
+            **_GENERATION,
             "grammar": Field(str, max_len=1 << 18),
-            "model": Field(str, max_len=64),
         },
         streams=True,
         doc="Complete a prompt. With a session, the KV cache of its earlier steps is reused.",
@@ -108,14 +112,7 @@ MESSAGES: dict[str, MessageSpec] = {
             "tools": Field(list, max_len=128),
             "tool_choice": Field((str, dict)),
             "response_format": Field(dict),
-            "max_tokens": Field(int),
-            "temperature": Field(_NUMBER),
-            "top_p": Field(_NUMBER),
-            "top_k": Field(int),
-            "seed": Field(int),
-            "stop": Field(list, max_len=16),
-            "stream": Field(bool),
-            "model": Field(str, max_len=64),
+            **_GENERATION,
         },
         streams=True,
         doc="A conversation (OpenAI-shaped messages, tools) rendered with the model's own chat template; the reply "

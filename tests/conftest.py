@@ -15,6 +15,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from shared import catalog  # noqa: E402
 from shared.config import DEFAULT_MODEL_FILE, Config, magnitude_home, parse_config  # noqa: E402
 
 #: Inputs tried per fuzz target, printed in the test summary.
@@ -32,6 +33,8 @@ def pytest_terminal_summary(terminalreporter):
 
 # The model lives in the user's MAGNITUDE_HOME (assembled by scripts/setup); everything else per run.
 MODEL_PATH = magnitude_home() / "models" / DEFAULT_MODEL_FILE
+#: The smallest instruct model whose template renders tools (pulled by scripts/setup): chat tests load it.
+CHAT_MODEL_PATH = catalog.get(catalog.TEST_CHAT_MODEL).path(magnitude_home() / "models")
 
 
 @pytest.fixture(scope="session")
@@ -69,9 +72,9 @@ def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
     raise AssertionError(f"not within {timeout_s:g}s: {what}")
 
 
-def require_model() -> None:
-    if not MODEL_PATH.is_file():
-        pytest.fail(f"model not assembled at {MODEL_PATH}; run scripts/setup")
+def require_model(path: Path = MODEL_PATH) -> None:
+    if not path.is_file():
+        pytest.fail(f"model not assembled at {path}; run scripts/setup")
 
 
 class ServiceProcess:

@@ -19,6 +19,7 @@ renders them.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import weakref
 from array import array
@@ -142,7 +143,7 @@ class ChatModel:
     """What chat needs of one model: its template, its tokenizer both ways, where an assistant turn ends."""
 
     def __init__(self, engine: Engine):
-        self.model = engine.model
+        self.model = weakref.proxy(engine.model)  # this object is cached under the model: no strong reference back
         meta = engine.model.metadata()
         source = meta.get("tokenizer.chat_template")
         if not source:
@@ -152,6 +153,9 @@ class ChatModel:
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab))
         self.bos = llama_cpp.llama_vocab_bos(vocab)
         self.template = ChatTemplate(source, self._piece(self.bos), self._piece(llama_cpp.llama_vocab_eos(vocab)))
+        self._controls = self._control_tokens()
+        self._control_re = re.compile("|".join(re.escape(t) for t in sorted(self._controls, key=len, reverse=True))
+                                      or "(?!)")
         self.end_of_turn = self._end_of_turn()
 
     def _piece(self, token: int) -> str:
@@ -173,22 +177,41 @@ class ChatModel:
     def is_eog(self, token: int) -> bool:
         return bool(llama_cpp.llama_vocab_is_eog(self.model.vocab, token))
 
+    def _control_tokens(self) -> dict[str, int]:
+        """The spelling of every token that only markup may produce (what ``special=True`` parses)."""
+        vocab, kinds = self.model.vocab, llama_cpp.LLAMA_TOKEN_ATTR_CONTROL | llama_cpp.LLAMA_TOKEN_ATTR_UNKNOWN
+        return {text: t for t in range(self.model.n_vocab()) if llama_cpp.llama_vocab_get_attr(vocab, t) & kinds
+                and (text := llama_cpp.llama_vocab_get_text(vocab, t).decode("utf-8", "replace"))}
+
     def tokenize(self, segments: list[Segment], start: bool = True) -> list[int]:
-        """Markup with special tokens parsed, contents as plain text; BOS first when the model wants one and
-        the template did not write it (``start`` False: a continuation, no BOS)."""
+        """Control tokens only where the markup spells them; everything between them, markup and contents alike,
+        tokenized as one text, as llama.cpp tokenizes the fragments between special tokens (so a prompt is the
+        tokens the model was trained on, and a content can never spell a control token). BOS first when the
+        model wants one and the template did not write it (``start`` False: a continuation, no BOS)."""
         tokens: list[int] = []
+        text = ""
         for seg in segments:
-            if seg.text:
-                tokens += self.model.tokenize(seg.text.encode(), add_bos=False, special=not seg.content)
+            if seg.content:
+                text += seg.text
+                continue
+            pos = 0
+            for match in self._control_re.finditer(seg.text):
+                text += seg.text[pos:match.start()]
+                tokens += self._plain(text)
+                tokens.append(self._controls[match.group()])
+                text, pos = "", match.end()
+            text += seg.text[pos:]
+        tokens += self._plain(text)
         if start and self.add_bos and (not tokens or tokens[0] != self.bos):
             tokens.insert(0, self.bos)
         return tokens
 
+    def _plain(self, text: str) -> list[int]:
+        return self.model.tokenize(text.encode(), add_bos=False, special=False) if text else []
+
     def has_special_text(self, text: str) -> bool:
         """Whether ``text`` holds the spelling of a control token (it would turn into markup if parsed)."""
-        raw = text.encode()
-        return (self.model.tokenize(raw, add_bos=False, special=True)
-                != self.model.tokenize(raw, add_bos=False, special=False))
+        return self._control_re.search(text) is not None
 
 
 _chat_models: "weakref.WeakKeyDictionary[Any, ChatModel]" = weakref.WeakKeyDictionary()
@@ -268,7 +291,7 @@ class ChatTurn:
             found = scan(self._text, self._tools, final)
             content, calls = found.content, found.calls
         else:
-            content, calls = (self._text, []) if final else (self._text.rstrip(), [])
+            content, calls = self._text, []
         if self._emit is not None:
             if content.startswith(self._streamed) and len(content) > len(self._streamed):
                 self._emit({"text": content[len(self._streamed):]})
@@ -285,9 +308,7 @@ class ChatTurn:
 
     def reply(self, result: dict, tokens: list[int]) -> dict:
         """The ok body: the assistant message, finish_reason, and the generation's stats."""
-        text = result["text"]
-        if self._emit is None:
-            self._text = text
+        text = self._text = result["text"]
         calls = self._flush(final=True)
         while len(self._ids) < len(calls):
             self._ids.append(f"call_{secrets.token_hex(12)}")

@@ -109,7 +109,7 @@ class ChatTemplate:
         When it could not (a template that rewrites contents beyond recognition), the whole render is one
         markup segment; the caller must then make sure no content carries special-token text."""
         full = self.render_text(messages, tools, add_generation_prompt)
-        nonce = secrets.token_hex(6)
+        nonce = str(secrets.randbelow(10**12))  # digits: case changes and trims leave the sentinels intact
         contents: dict[str, str] = {}
         marked_messages = []
         for message in messages:

@@ -24,6 +24,7 @@ import json
 import math
 import re
 import threading
+import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -54,28 +55,42 @@ def _bad(message: str) -> ProtocolError:
     return ProtocolError(ErrorCode.BAD_REQUEST, message)
 
 
+def _gbnf_pieces(text: str) -> list[tuple[str, bool]]:
+    """GBNF text cut into (piece, is_code): literals, character classes and comments are not code."""
+    pieces, start, i, n = [], 0, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c not in "\"[#":
+            i += 1
+            continue
+        pieces.append((text[start:i], True))
+        j = i + 1
+        if c == "#":
+            while j < n and text[j] != "\n":
+                j += 1
+        else:
+            close = '"' if c == '"' else "]"
+            while j < n and text[j] != close:
+                j += 2 if text[j] == "\\" else 1
+            j += 1
+        pieces.append((text[i:j], False))
+        start = i = j
+    pieces.append((text[start:], True))
+    return pieces
+
+
 def check_gbnf(text: str) -> None:
     """Size and nesting of a GBNF grammar, counted without parsing it (so no parser can be made to recurse)."""
     if len(text.encode()) > MAX_GRAMMAR_BYTES:
         raise _bad(f"grammar is over {MAX_GRAMMAR_BYTES // 1024} KiB")
     depth = deepest = 0
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c in "\"[":  # a literal or a character class: skip it, escapes included
-            close = '"' if c == '"' else "]"
-            i += 1
-            while i < n and text[i] != close:
-                i += 2 if text[i] == "\\" else 1
-        elif c == "#":
-            while i < n and text[i] != "\n":
-                i += 1
-        elif c in "({":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif c in ")}":
-            depth -= 1
-        i += 1
+    for piece, code in _gbnf_pieces(text):
+        for c in piece if code else "":
+            if c in "({":
+                depth += 1
+                deepest = max(deepest, depth)
+            elif c in ")}":
+                depth -= 1
     if deepest > MAX_GRAMMAR_NESTING:
         raise _bad(f"grammar nests {deepest} levels deep (limit {MAX_GRAMMAR_NESTING})")
 
@@ -111,7 +126,9 @@ class Vocabulary:
         vocab = model.vocab
         self.n_vocab = model.n_vocab()
         self.eog = [t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(vocab, t)]
-        self.tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(vocab, eos_token=self.eog or None)
+        with warnings.catch_warnings():  # it calls a deprecated llama-cpp-python alias once per token
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.tokenizer = llguidance.llamacpp.lltokenizer_from_vocab(vocab, eos_token=self.eog or None)
         self.eos = self.tokenizer.eos_token
 
     def piece(self, token: int) -> bytes:
@@ -145,15 +162,32 @@ def compile_lark(lark: str, vocab: Vocabulary) -> str:
     return grammar
 
 
+_OPTIONAL_ONE = re.compile(r"\(([A-Za-z][\w-]*)\)\?")
+_OPTIONAL_CHAIN = re.compile(r"\(([A-Za-z][\w-]*) \1\{0,(\d+)\}\)\?")
+
+
+def _flatten_optional_chains(text: str) -> str:
+    """``(x (x (x)?)?)?`` as ``x{0,3}``: the same language, one nesting level instead of one per repetition
+    (how llama-cpp-python's JSON-schema converter writes a string's maxLength). Literals are left alone."""
+    def flatten(code: str) -> str:
+        code = _OPTIONAL_ONE.sub(r"\1{0,1}", code)
+        while True:
+            flat = _OPTIONAL_CHAIN.sub(lambda m: f"{m.group(1)}{{0,{int(m.group(2)) + 1}}}", code)
+            if flat == code:
+                return code
+            code = flat
+    return "".join(flatten(piece) if code else piece for piece, code in _gbnf_pieces(text))
+
+
 def gbnf_constraint(text: str, model: _internals.LlamaModel) -> "Constraint | LlamaGrammar":
     """A constraint for a GBNF grammar (``generate``'s ``grammar``): llguidance's masks when it takes the grammar,
     else llama.cpp's own grammar sampler, the reference for GBNF, which also says whether it parses at all.
-    llguidance's Lark front end stops at a few dozen nesting levels, and llama-cpp-python's JSON-schema converter
-    nests one level per character of a bounded string, so the agent's Action grammar takes the second way."""
+    llguidance's Lark front end stops at a few dozen nesting levels; the nesting llama-cpp-python's JSON-schema
+    converter writes for bounded strings is flattened first, so the agent's Action grammar takes the first way."""
     check_gbnf(text)
     vocab = vocabulary(model)
     try:
-        return Constraint(vocab, compile_lark(any_to_lark(text), vocab))
+        return Constraint(vocab, compile_lark(any_to_lark(_flatten_optional_chains(text)), vocab))
     except (GbnfToLarkError, ProtocolError, RecursionError, ValueError, IndexError, KeyError):
         return LlamaGrammar(model, text)
 

@@ -57,7 +57,8 @@ def tool_table(tools: Any) -> dict[str, Tool]:
                        f"with a name of letters, digits, _ . - (1-64)")
         if not isinstance(fn.get("description", ""), str):
             raise _bad(f"tools[{i}].function.description must be a string")
-        params = fn.get("parameters") or {"type": "object", "properties": {}}
+        params = fn.get("parameters")
+        params = {"type": "object", "properties": {}} if params is None else params
         check_schema(params, f"tools[{i}].function.parameters")
         validator_class = jsonschema.validators.validator_for(params)
         try:

@@ -1,0 +1,185 @@
+"""Tool calls: the parser (tags, bare JSON, fences; arguments validated), streaming safety, the grammars' bounds,
+and the lazy constraint on a real vocabulary (Qwen 2.5's, loaded without weights)."""
+
+from __future__ import annotations
+
+import json
+
+import llama_cpp
+import pytest
+from llama_cpp import _internals
+
+from magnitude.toolcall import action_grammar
+from services.inference.constraint import (MAX_SCHEMA_DEPTH, Constraint, LlamaGrammar, Vocabulary,
+                                           _flatten_optional_chains, check_gbnf, check_schema, gbnf_constraint,
+                                           vocabulary)
+from services.inference.tool_calls import scan, tagged_grammar, tool_table, triggers
+from shared.protocol import ProtocolError
+from tests.conftest import CHAT_MODEL_PATH, require_model
+
+TOOLS = tool_table([
+    {"type": "function", "function": {"name": "calculator", "parameters": {
+        "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"],
+        "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
+])
+CALL = '{"name": "calculator", "arguments": {"expression": "2+2"}}'
+
+
+@pytest.mark.parametrize("text, content", [
+    (f"Let me compute.\n<tool_call>\n{CALL}\n</tool_call>", "Let me compute."),
+    (f"<tool_call>\n{CALL}\n</tool_call>\n<tool_call>\n{CALL}\n</tool_call>", ""),
+    (f"  {CALL}", ""),
+    (f"Sure:\n```json\n{CALL}\n```", "Sure:"),
+    (f"```\n[{CALL}]\n```", ""),
+    (f"<tool_call>\n{CALL}", ""),  # unclosed at the end of the reply: still a call
+])
+def test_calls_are_found_in_every_form_small_models_write(text, content):
+    found = scan(text, TOOLS, final=True)
+    assert found.content == content and found.calls
+    assert all(c.name == "calculator" and json.loads(c.arguments) == {"expression": "2+2"} and c.error is None
+               for c in found.calls)
+
+
+@pytest.mark.parametrize("text", [
+    '{"name": "Ada", "age": 36}',  # JSON, but not a call
+    '```json\n{"name": "launch", "arguments": {}}\n```',  # bare and fenced forms must name a real tool
+    "```python\nprint('<tool_call>')\n```",  # code mentioning the tag
+    "Plain answer.",
+])
+def test_text_that_is_not_a_call_stays_content(text):
+    assert scan(text, TOOLS, final=True).content == text and not scan(text, TOOLS, final=True).calls
+
+
+def test_arguments_are_validated_and_a_bad_call_says_why():
+    bad = scan('<tool_call>\n{"name": "calculator", "arguments": {"expr": 1}}\n</tool_call>', TOOLS, True).calls[0]
+    assert bad.name == "calculator" and "expression" in bad.error
+    unknown = scan('<tool_call>\n{"name": "launch", "arguments": {}}\n</tool_call>', TOOLS, True).calls[0]
+    assert "unknown tool 'launch'" in unknown.error
+    garbled = scan("<tool_call>\nnot json\n</tool_call>", TOOLS, True).calls[0]
+    assert garbled.error and garbled.arguments == '"not json"'
+    as_string = scan('{"name": "read_file", "arguments": "{\\"path\\": \\"a.txt\\"}"}', TOOLS, True).calls[0]
+    assert as_string.error is None and json.loads(as_string.arguments) == {"path": "a.txt"}
+
+
+@pytest.mark.parametrize("text", [
+    f"Let me compute.\n<tool_call>\n{CALL}\n</tool_call>",
+    f"{CALL}",
+    f"Here:\n```json\n{CALL}\n```\n",
+    "Code:\n```python\nx = 1\n```\nDone.  ",
+    '{"name": "Ada"} is a JSON object',
+])
+def test_streamed_content_is_never_taken_back_and_never_shows_markup(text):
+    final = scan(text, TOOLS, final=True)
+    seen_calls = 0
+    for end in range(len(text) + 1):
+        partial = scan(text[:end], TOOLS, final=False)
+        assert final.content.startswith(partial.content), (text[:end], partial.content)
+        assert "<tool_call" not in partial.content and "```json" not in partial.content
+        assert len(partial.calls) >= seen_calls
+        seen_calls = len(partial.calls)
+    assert seen_calls == len(final.calls) or text.startswith("{")  # a bare call is complete only at the end
+
+
+@pytest.mark.parametrize("tools, says", [
+    ([{"type": "function", "function": {"name": "has space"}}], "name of letters"),
+    ([{"type": "function", "function": {"name": "a"}}] * 2, "two tools"),
+    ([{"type": "function", "function": {"name": "a", "parameters": {"type": "nonsense"}}}], "not a valid JSON schema"),
+    ([{"type": "function", "function": {"name": "a", "parameters": []}}], "must be a JSON object"),
+])
+def test_malformed_tools_are_bad_requests(tools, says):
+    with pytest.raises(ProtocolError, match=says):
+        tool_table(tools)
+
+
+def test_grammars_and_schemas_are_bounded_before_anything_compiles_them():
+    deep = {"type": "string"}
+    for _ in range(MAX_SCHEMA_DEPTH):
+        deep = {"type": "array", "items": deep}
+    with pytest.raises(ProtocolError, match="nests deeper"):
+        check_schema(deep)
+    with pytest.raises(ProtocolError, match="over 64 KiB"):
+        check_schema({"enum": ["x" * 1000] * 70})
+    with pytest.raises(ProtocolError, match="nests 20000 levels"):
+        check_gbnf("root ::= " + "(" * 20_000 + '"a"' + ")" * 20_000)
+    with pytest.raises(ProtocolError, match="over 128 KiB"):
+        check_gbnf("root ::= " + "(" * 100_000 + '"a"' + ")" * 100_000)  # the size that crashed llama.cpp
+    check_gbnf('root ::= "(((" [(] "\\"(" # ((((\n')  # parentheses in literals, classes and comments do not count
+
+
+@pytest.fixture(scope="module")
+def vocab_model():
+    require_model(CHAT_MODEL_PATH)
+    llama_cpp.llama_backend_init()
+    params = _internals.LlamaModel.default_params()
+    params.vocab_only = True
+    model = _internals.LlamaModel(path_model=str(CHAT_MODEL_PATH), params=params, verbose=False)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def vocab(vocab_model):
+    return vocabulary(vocab_model)
+
+
+def _tokens(vocab: Vocabulary, text: str) -> list[int]:
+    return vocab.tokenizer.tokenize_str(text, parse_special=True)
+
+
+@pytest.mark.model
+def test_the_lazy_grammar_leaves_text_free_and_takes_over_at_the_opener(vocab):
+    constraint = Constraint(vocab, triggers=triggers(TOOLS, vocab))
+    for token in _tokens(vocab, "I'll use a tool, maybe {\"x\": 1}.\n"):
+        assert constraint.allows(token)
+        constraint.accept(token)
+    assert not constraint.active
+    constraint.accept(vocab.single_special("<tool_call>"))
+    assert constraint.active
+    forced = vocab.tokenizer.decode_str(constraint.forced())
+    assert forced.startswith('\n{"name":')  # the grammar writes the call's frame itself
+    for token in _tokens(vocab, '\n{"name": "calculator", "arguments": {"'):
+        assert constraint.allows(token)
+        constraint.accept(token)
+    assert constraint.allows(_tokens(vocab, "expression")[0])
+    assert not constraint.allows(_tokens(vocab, "path")[0])  # the calculator's schema has no such argument
+
+
+@pytest.mark.model
+def test_a_bare_call_at_the_start_is_constrained_from_its_first_token(vocab):
+    constraint = Constraint(vocab, triggers=triggers(TOOLS, vocab))
+    for token in _tokens(vocab, '{"name'):
+        constraint.accept(token)
+    assert not constraint.active
+    constraint.accept(_tokens(vocab, '":')[0])
+    assert constraint.active and constraint.gave_up is None
+    constraint.accept(_tokens(vocab, ' "')[0])
+    assert constraint.allows(_tokens(vocab, "calculator")[0]) and not constraint.allows(_tokens(vocab, "launch")[0])
+
+
+@pytest.mark.model
+def test_required_calls_and_a_finished_grammar_end_the_reply(vocab):
+    constraint = Constraint(vocab, tagged_grammar({"calculator": TOOLS["calculator"]}, vocab, single=True))
+    assert vocab.tokenizer.decode_str(constraint.forced()).startswith('<tool_call>\n{"name": "calculator"')
+    for token in _tokens(vocab, f"<tool_call>\n{CALL}\n</tool_call>"):
+        assert constraint.allows(token), vocab.tokenizer.dbg_tokens([token])
+        constraint.accept(token)
+    assert constraint.finished
+
+
+def test_nested_optional_chains_are_flattened_outside_literals():
+    assert _flatten_optional_chains('s ::= "\\"" (c (c (c)?)?)? "\\"" "(c)?" [(] # (c)?') == \
+        's ::= "\\"" c{0,3} "\\"" "(c)?" [(] # (c)?'
+
+
+@pytest.mark.model
+def test_gbnf_takes_llguidance_when_it_can_and_llama_cpp_when_it_nests_deeper(vocab_model):
+    assert isinstance(gbnf_constraint('root ::= "yes" | "no"', vocab_model), Constraint)
+    # The agent's Action grammar: llama-cpp-python's converter nests one level per character of maxLength.
+    action = action_grammar([{"name": "calculator", "parameters": TOOLS["calculator"].parameters}])
+    assert isinstance(gbnf_constraint(action, vocab_model), Constraint)
+    deep = "root ::= " + "(" * 200 + '"a"' + ")?" * 200
+    assert isinstance(gbnf_constraint(deep, vocab_model), LlamaGrammar)  # llama.cpp's own sampler takes it
+    with pytest.raises(ProtocolError, match="does not parse"):
+        gbnf_constraint("root ::= (", vocab_model)
