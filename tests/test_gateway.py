@@ -30,7 +30,8 @@ from services.gateway.keys import create_key
 from shared import catalog
 from shared.client import Client
 from shared.config import DEFAULT_EMBEDDING_MODEL_FILE, parse_config
-from tests.conftest import REPO, REPORT, ServiceProcess, make_config, require_model, wait_for, write_config
+from tests.conftest import (CHAT_MODEL_PATH, REPO, REPORT, ServiceProcess, make_config, require_model, wait_for,
+                            write_config)
 
 pytestmark = pytest.mark.model
 
@@ -47,10 +48,8 @@ SCHEMATHESIS_ARGS = ["--generation-codec", "utf-8", "--exclude-checks", "positiv
 
 
 def stack_config(home: Path):
-    chat_model = catalog.get(CHAT_MODEL)
-    if not catalog.is_pulled(chat_model):
-        pytest.fail(f"{CHAT_MODEL} is not pulled; run scripts/setup (or magnitude models pull {CHAT_MODEL})")
-    return make_config(home, n_ctx=1024, models={CHAT_MODEL: str(chat_model.path())})
+    require_model(CHAT_MODEL_PATH)
+    return make_config(home, n_ctx=1024, models={CHAT_MODEL: str(CHAT_MODEL_PATH)})
 
 
 class Gateway:
