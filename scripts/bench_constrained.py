@@ -4,8 +4,8 @@
 Each workload is one prompt decoded free and under its constraint, alternating per
 repetition, at temperature 0: a JSON-schema answer (``response_format``), a tool call
 (``tool_choice: required``), a tool call the model opens by itself (``auto``: the lazy
-grammar takes over at ``<tool_call>``), and the agent's GBNF Action grammar through
-``generate``. Magnitude runs the engine in this process (llguidance token masks;
+grammar takes over at ``<tool_call>``), and a Thought/Action step under a GBNF grammar from
+llama-cpp-python's JSON-schema converter through ``generate`` (the agent's former path). Magnitude runs the engine in this process (llguidance token masks;
 llama.cpp's GBNF sampler for grammars llguidance cannot take); llama-server (built by
 native/build_llama_server.sh from the same llama.cpp) gets the same messages through
 its OpenAI endpoint with ``--jinja`` (GBNF from the schema). It prints decode tokens/s
@@ -32,7 +32,7 @@ from gguf import GGUFReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from magnitude.toolcall import action_grammar  # noqa: E402
+from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: E402
 from services.inference.chat import Conversations  # noqa: E402
 from services.inference.constraint import Constraint, LlamaGrammar  # noqa: E402
 from services.inference.engine import Engine, GenerateParams  # noqa: E402
@@ -60,10 +60,14 @@ CHAT_WORKLOADS = {
     "tool call, auto (lazy)": ({"messages": TOOL_ASK, "tools": TOOLS, "tool_choice": "auto"},
                                {"messages": TOOL_ASK, "tools": TOOLS, "tool_choice": "none"}),
 }
-#: The agent's Thought/Action grammar over the same tools (llama-cpp-python's converter: nests too deep for llguidance).
-ACTION_GRAMMAR = action_grammar([{"name": t["function"]["name"], "parameters": t["function"]["parameters"]}
-                                 for t in TOOLS])
-ACTION = "GBNF Action (agent), generate"
+#: A Thought/Action step as the agent used to write it: a GBNF grammar from llama-cpp-python's JSON-schema converter
+#: (its bounded strings nest one level per character), given to generate.
+ACTION_GRAMMAR = json_schema_to_gbnf(json.dumps({"anyOf": [
+    {"type": "object", "properties": {"tool": {"const": t["function"]["name"]}, "args": {
+        **t["function"]["parameters"], "properties": {k: {**v, "maxLength": 200} for k, v in
+                                                      t["function"]["parameters"]["properties"].items()}}},
+     "required": ["tool", "args"], "additionalProperties": False} for t in TOOLS]}))
+ACTION = "GBNF Action (generate)"
 ACTION_PROMPT = ("Answer with a Thought and an Action.\nQuestion: Save the note 'buy milk' to notes.txt, then tell "
                  "me it is done.\nThought: I should write the file.\nAction: ")
 

@@ -153,7 +153,9 @@ def main() -> int:
                                 else 0.0
                             totals[mode]["drafted"] += s["draft_tokens"]
                             totals[mode]["accepted"] += s["accepted_tokens"]
-                        texts[mode][task] = json.dumps([s["message"] for s in steps], sort_keys=True)
+                        texts[mode][task] = json.dumps([(s["message"]["content"], [
+                            (c["function"]["name"], c["function"]["arguments"]) for c in s["message"]["tool_calls"]])
+                            for s in steps])  # call ids are random: the replies themselves are compared
                         print(f"rep {rep} {mode:<11} task {i}: {len(steps)} steps, "
                               f"{sum(s['completion_tokens'] for s in steps)} tokens, "
                               f"{totals[mode]['wall'][-1]:.1f} s", file=sys.stderr, flush=True)

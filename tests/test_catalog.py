@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -83,3 +84,14 @@ def test_catalog_pins_every_package_and_the_defaults_are_in_it():
         assert all("==" in p for p in model.packages) and len(model.sha256) == 64
     assert catalog.DEFAULT_AGENT_MODEL in catalog.CATALOG and catalog.TEST_CHAT_MODEL in catalog.CATALOG
     assert set(catalog.SETUP_MODELS) <= set(catalog.CATALOG)
+
+
+def test_models_cli_lists_the_catalog_and_refuses_unknown_names(tmp_path, capsys):
+    from magnitude.cli import main
+    assert main(["models", "list", "--json", "--dir", str(tmp_path)]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)}
+    assert set(rows) == set(catalog.CATALOG) and not any(r["pulled"] for r in rows.values())
+    assert rows[catalog.DEFAULT_AGENT_MODEL]["default_agent"]
+    assert main(["models", "pull", "no-such-model", "--dir", str(tmp_path)]) == 1
+    assert "no model 'no-such-model'" in capsys.readouterr().err
+    assert main(["models", "pull", "--dir", str(tmp_path)]) == 2  # nothing named

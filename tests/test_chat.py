@@ -95,7 +95,8 @@ def test_a_native_tool_call_is_parsed_validated_and_streamed_as_a_call(chat_clie
     assert call["function"]["name"] == "calculator" and "error" not in call
     jsonschema.validate(json.loads(call["function"]["arguments"]), CALCULATOR["function"]["parameters"])
     streamed = [e.body["tool_call"] for e in events[:-1] if "tool_call" in e.body]
-    assert streamed == [{"index": 0, "id": call["id"], "name": "calculator", "arguments": call["function"]["arguments"]}]
+    assert streamed == [{"index": 0, "id": call["id"], "name": "calculator",
+                         "arguments": call["function"]["arguments"]}]
     text = "".join(e.body.get("text", "") for e in events[:-1])
     assert "<tool_call>" not in text and text == (final["message"]["content"] or "")
     assert final["forced_tokens"] > 0  # the call's frame came from the grammar, not from sampling

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 import llama_cpp
+import numpy as np
 import pytest
 from llama_cpp import _internals
 
-from magnitude.toolcall import action_grammar
+from llama_cpp.llama_grammar import json_schema_to_gbnf
 from services.inference.constraint import (MAX_SCHEMA_DEPTH, Constraint, LlamaGrammar, Vocabulary,
                                            _flatten_optional_chains, check_gbnf, check_schema, gbnf_constraint,
                                            vocabulary)
@@ -87,6 +88,8 @@ def test_streamed_content_is_never_taken_back_and_never_shows_markup(text):
     ([{"type": "function", "function": {"name": "a"}}] * 2, "two tools"),
     ([{"type": "function", "function": {"name": "a", "parameters": {"type": "nonsense"}}}], "not a valid JSON schema"),
     ([{"type": "function", "function": {"name": "a", "parameters": []}}], "must be a JSON object"),
+    ([{"type": "function", "function": {"name": f"t{i}", "parameters": {"enum": ["x" * 1000] * 60}}}
+      for i in range(5)], "over 256 KiB together"),
 ])
 def test_malformed_tools_are_bad_requests(tools, says):
     with pytest.raises(ProtocolError, match=says):
@@ -159,6 +162,20 @@ def test_a_bare_call_at_the_start_is_constrained_from_its_first_token(vocab):
 
 
 @pytest.mark.model
+def test_a_constraint_restricts_llama_cpp_candidates_and_logits_alike(vocab):
+    constraint = Constraint(vocab, tagged_grammar(TOOLS, vocab))
+    logits = np.zeros(vocab.n_vocab, dtype=np.float32)
+    array = _internals.LlamaTokenDataArray(n_vocab=vocab.n_vocab)
+    array.copy_logits(logits)
+    constraint.restrict(array.candidates)
+    constraint.mask(logits)
+    opener = vocab.single_special("<tool_call>")
+    assert np.isfinite(logits).sum() == 1 and np.isfinite(logits[opener])  # only the opener may start the reply
+    assert np.isfinite(array.candidates_data.logit).sum() == 1
+    assert array.candidates_data.id[np.isfinite(array.candidates_data.logit)][0] == opener
+
+
+@pytest.mark.model
 def test_required_calls_and_a_finished_grammar_end_the_reply(vocab):
     constraint = Constraint(vocab, tagged_grammar({"calculator": TOOLS["calculator"]}, vocab, single=True))
     assert vocab.tokenizer.decode_str(constraint.forced()).startswith('<tool_call>\n{"name": "calculator"')
@@ -176,9 +193,10 @@ def test_nested_optional_chains_are_flattened_outside_literals():
 @pytest.mark.model
 def test_gbnf_takes_llguidance_when_it_can_and_llama_cpp_when_it_nests_deeper(vocab_model):
     assert isinstance(gbnf_constraint('root ::= "yes" | "no"', vocab_model), Constraint)
-    # The agent's Action grammar: llama-cpp-python's converter nests one level per character of maxLength.
-    action = action_grammar([{"name": "calculator", "parameters": TOOLS["calculator"].parameters}])
-    assert isinstance(gbnf_constraint(action, vocab_model), Constraint)
+    # llama-cpp-python's JSON-schema converter nests one level per character of a string's maxLength.
+    bounded = json_schema_to_gbnf(json.dumps({"type": "object", "properties": {
+        "expression": {"type": "string", "maxLength": 300}}, "required": ["expression"]}))
+    assert isinstance(gbnf_constraint(bounded, vocab_model), Constraint)
     deep = "root ::= " + "(" * 200 + '"a"' + ")?" * 200
     assert isinstance(gbnf_constraint(deep, vocab_model), LlamaGrammar)  # llama.cpp's own sampler takes it
     with pytest.raises(ProtocolError, match="does not parse"):

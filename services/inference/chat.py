@@ -271,15 +271,17 @@ class ChatTurn:
     """One chat generation: its prompt, its streaming filter and the assistant message at the end."""
 
     def __init__(self, conversations: "Conversations", session: str | None, model_name: str, cm: ChatModel,
-                 tools: dict[str, Tool], parse_calls: bool, emit: Callable[[dict], None] | None):
+                 prompt: list[int], constraint: Constraint, request: dict, tools: dict[str, Tool],
+                 parse_calls: bool, emit: Callable[[dict], None] | None):
         self._conversations, self._session, self._model_name, self._cm = conversations, session, model_name, cm
+        self.prompt = prompt
+        self.constraint = constraint  # also the record of the tokens sampled (the reply's own, for the session)
+        self._request = request  # what the session remembers of this turn's request (see _LastTurn)
         self._tools, self._parse_calls, self._emit = tools, parse_calls, emit
-        self.prompt: list[int] = []
         self._text = ""
         self._streamed = ""  # content sent as text events
         self._ids: list[str] = []  # ids of the calls sent as tool_call events
         self._content = ""
-        self._last_turn: dict | None = None  # what to remember for the session, set by Conversations
 
     def on_text(self, piece: str) -> None:
         """The engine's text callback: stream content and finished calls, never call markup."""
@@ -306,7 +308,7 @@ class ChatTurn:
         self._content = content
         return calls
 
-    def reply(self, result: dict, tokens: list[int]) -> dict:
+    def reply(self, result: dict) -> dict:
         """The ok body: the assistant message, finish_reason, and the generation's stats."""
         text = self._text = result["text"]
         calls = self._flush(final=True)
@@ -316,12 +318,13 @@ class ChatTurn:
         message = {"role": "assistant", "content": self._content or (None if calls else ""),
                    "tool_calls": wire_calls}
         finish = "tool_calls" if calls else "length" if result["stop_reason"] == "length" else "stop"
-        if self._session is not None and self._last_turn is not None and result["stop_reason"] in ("eos", "length"):
+        if self._session is not None and result["stop_reason"] in ("eos", "length"):
+            tokens = self.constraint.tokens
             reply_tokens = tokens[:-1] if tokens and self._cm.is_eog(tokens[-1]) else tokens
             self._conversations.remember(self._session, _LastTurn(
                 model=self._model_name, reply=_message_key({**message, "content": message["content"] or "",
                                                              "tool_calls": [_parsed_call(c) for c in wire_calls]}),
-                reply_text=text, reply_tokens=array("i", reply_tokens), **self._last_turn))
+                reply_text=text, reply_tokens=array("i", reply_tokens), **self._request))
         stats = {k: v for k, v in result.items() if k != "text"}
         return {"message": message, "finish_reason": finish, **stats}
 
@@ -379,12 +382,11 @@ class Conversations:
             prompt = self._continuation(last, keys, shown, shown_tools, cm, segments, prompt_text)
         if prompt is None:
             prompt = cm.tokenize(segments)
-        params.constraint = self._constraint(cm, engine, tools, choice, named, schema)
-        turn = ChatTurn(self, session, model_name, cm, tools, choice != "none" and bool(tools), emit)
-        turn.prompt = prompt
-        turn._last_turn = {"tools": tools_key, "messages": keys, "prompt_text": prompt_text,
-                           "prompt_tokens": array("i", prompt)}
-        return turn
+        params.constraint = self._constraint(engine, tools, choice, named, schema)
+        request = {"tools": tools_key, "messages": keys, "prompt_text": prompt_text,
+                   "prompt_tokens": array("i", prompt)}
+        return ChatTurn(self, session, model_name, cm, prompt, params.constraint, request, tools,
+                        choice != "none" and bool(tools), emit)
 
     @staticmethod
     def _continuation(last: _LastTurn, keys: list[tuple], shown: list[dict], shown_tools: list | None,
@@ -413,20 +415,16 @@ class Conversations:
         return list(last.prompt_tokens) + list(last.reply_tokens) + tail
 
     @staticmethod
-    def _constraint(cm: ChatModel, engine: Engine, tools: dict[str, Tool], choice: str, named: str | None,
-                    schema: dict | None) -> Constraint | None:
+    def _constraint(engine: Engine, tools: dict[str, Tool], choice: str, named: str | None,
+                    schema: dict | None) -> Constraint:
+        """What the reply may be; with no rule at all, a constraint that allows everything and records the tokens."""
+        vocab = vocabulary(engine.model)
         if choice in ("required", "named"):
-            vocab = vocabulary(engine.model)
             only = {named: tools[named]} if named else tools
             return Constraint(vocab, tagged_grammar(only, vocab, single=named is not None))
         if schema is not None:
-            vocab = vocabulary(engine.model)
             return Constraint(vocab, answer_or_calls_grammar(schema, tools if choice == "auto" else None, vocab))
         if choice == "auto":
-            vocab = vocabulary(engine.model)
             return Constraint(vocab, triggers=triggers(tools, vocab))
-        if tools:  # "none": the opener cannot be written, where it is one token
-            vocab = vocabulary(engine.model)
-            opener = vocab.single_special(OPEN)
-            return Constraint(vocab, banned=[opener]) if opener is not None else None
-        return None
+        opener = vocab.single_special(OPEN) if tools else None  # "none": the opener cannot be written
+        return Constraint(vocab, banned=[] if opener is None else [opener])

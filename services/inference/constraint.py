@@ -208,8 +208,8 @@ class Constraint:
         self._triggers = list(triggers)
         self._banned = np.array(sorted(set(banned)), dtype=np.int64)
         self._bitmask = np.zeros((vocab.n_vocab + 31) // 32, dtype=np.int32)
-        self.tokens: list[int] = []  # every token accepted, EOS included: the generation's own record
-        self._offsets: list[int] = []  # byte offset of each token in ``_text``
+        self.tokens: list[int] = []  # every token accepted, EOS included: the generation's own record (chat keeps it)
+        self._offsets: list[int] = []  # byte offset of each token in ``_text`` (kept while a trigger waits)
         self._text = bytearray()
         self.triggered_at: int | None = None  # byte offset where a lazy grammar took over
         self.gave_up: str | None = None  # why a triggered grammar could not take the output written so far
@@ -240,23 +240,37 @@ class Constraint:
             return not (self._banned.size and token in self._banned)
         return m.validate_tokens([token]) == 1
 
-    def mask(self, logits: np.ndarray) -> None:
-        """Set every disallowed token's logit to -inf, in place."""
+    def _allowed(self) -> np.ndarray:
+        """One bool per vocabulary token: may it come next?"""
         m = self._matcher
         if m is None:
-            logits[self._banned] = -np.inf
-            return
+            allowed = np.ones(self.vocab.n_vocab, dtype=bool)
+            allowed[self._banned] = False
+            return allowed
         m.unsafe_compute_mask_ptr(self._bitmask.ctypes.data, self._bitmask.nbytes)
-        allowed = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[:logits.shape[0]]
-        logits[allowed == 0] = -np.inf
+        return np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[:self.vocab.n_vocab].astype(bool)
+
+    def mask(self, logits: np.ndarray) -> None:
+        """Set every disallowed token's logit to -inf, in place (a row of llama.cpp's logits)."""
+        logits[~self._allowed()[:logits.shape[0]]] = -np.inf
+
+    def restrict(self, candidates: llama_cpp.llama_token_data_array) -> None:
+        """The same on a llama.cpp candidate array (what a sampler chain consumes)."""
+        data = np.ctypeslib.as_array(candidates.data, shape=(candidates.size,))
+        data["logit"][~self._allowed()[data["id"]]] = -np.inf
+
+    def close(self) -> None:
+        """Nothing native to free (the matcher is Python-owned); here for the sampler's constraint interface."""
 
     def accept(self, token: int) -> None:
         self.tokens.append(token)
-        self._offsets.append(len(self._text))
-        self._text += self.vocab.piece(token)
         if self._matcher is not None:
             self._matcher.consume_token(token)
             return
+        if not self._triggers:
+            return
+        self._offsets.append(len(self._text))  # one per token while the triggers wait
+        self._text += self.vocab.piece(token)
         for trigger in self._triggers:
             match = trigger.pattern.search(self._text)
             if match:
@@ -293,8 +307,8 @@ class LlamaGrammar:
             data=ctypes.cast(self._one, llama_cpp.llama_token_data_p), size=1, selected=-1, sorted=False)
         self._all: _internals.LlamaTokenDataArray | None = None
 
-    def __del__(self) -> None:
-        if getattr(self, "_grammar", None):
+    def close(self) -> None:
+        if self._grammar:
             llama_cpp.llama_sampler_free(self._grammar)
             self._grammar = None
 
@@ -307,12 +321,15 @@ class LlamaGrammar:
         llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._one_array))
         return math.isfinite(self._one[0].logit)
 
+    def restrict(self, candidates: llama_cpp.llama_token_data_array) -> None:
+        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(candidates))
+
     def mask(self, logits: np.ndarray) -> None:
         if self._all is None:
             self._all = _internals.LlamaTokenDataArray(n_vocab=logits.shape[0])
         self._all.copy_logits(logits)
         self._all.candidates.selected = -1
-        llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._all.candidates))
+        self.restrict(self._all.candidates)
         logits[self._all.candidates_data.id] = self._all.candidates_data.logit
 
     def accept(self, token: int) -> None:

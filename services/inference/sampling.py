@@ -23,7 +23,6 @@ class TokenSampler:
                  constraint: Constraint | None = None):
         self._model, self._ctx = model, ctx
         self.constraint: Constraint | LlamaGrammar | None = gbnf_constraint(grammar, model) if grammar else constraint
-        self.tokens: list[int] = []  # every token sampled, in order (chat remembers a reply's own tokens)
         self._chain = _internals.LlamaSampler()
         if temperature <= 0:
             self._chain.add_greedy()
@@ -34,6 +33,8 @@ class TokenSampler:
             self._chain.add_dist(seed)
 
     def close(self) -> None:
+        if self.constraint is not None:
+            self.constraint.close()
         self._chain.close()
 
     def forced(self) -> list[int]:
@@ -42,11 +43,6 @@ class TokenSampler:
 
     def sample(self, batch_index: int = -1) -> int:
         """The next token from the logits of one position of the last batch (default: its last)."""
-        token = self._next(batch_index)
-        self.tokens.append(token)
-        return token
-
-    def _next(self, batch_index: int) -> int:
         c = self.constraint
         if c is None:
             return llama_cpp.llama_sampler_sample(self._chain.sampler, self._ctx.ctx, batch_index)

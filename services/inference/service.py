@@ -186,7 +186,7 @@ class InferenceService(Service):
         self.log.info(job.request.type, session=job.request.session, request_id=job.request.id,
                       **{k: v for k, v in result.items() if k != "text"})
         self.metrics.observe_generation(result)
-        self.replier(job, out)("ok", g.chat.reply(result, g.sampler.tokens) if g.chat else result)
+        self.replier(job, out)("ok", g.chat.reply(result) if g.chat else result)
         self.telemetry.report(dict(result, text=None, type="generation", session=job.request.session, ok=True))
 
     def _prompt(self, req: Request) -> str:

@@ -27,6 +27,7 @@ from shared.protocol import ErrorCode, ProtocolError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_TOOLS = 128
+MAX_TOOLS_BYTES = 256 * 1024  # all the tools' schemas together: they become one grammar
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _FENCE = re.compile(r"```([^`\n]*)\n")
 _DECODER = json.JSONDecoder()
@@ -50,6 +51,7 @@ def tool_table(tools: Any) -> dict[str, Tool]:
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
         raise _bad(f"tools must be a list of at most {MAX_TOOLS} tools")
     table: dict[str, Tool] = {}
+    total = 0
     for i, tool in enumerate(tools):
         fn = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
@@ -60,6 +62,9 @@ def tool_table(tools: Any) -> dict[str, Tool]:
         params = fn.get("parameters")
         params = {"type": "object", "properties": {}} if params is None else params
         check_schema(params, f"tools[{i}].function.parameters")
+        total += len(json.dumps(params))
+        if total > MAX_TOOLS_BYTES:
+            raise _bad(f"the tools' schemas are over {MAX_TOOLS_BYTES // 1024} KiB together")
         validator_class = jsonschema.validators.validator_for(params)
         try:
             validator_class.check_schema(params)

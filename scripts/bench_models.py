@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Speed of every pulled catalog model on this box, side by side in one run: load, prefill, decode.
+
+Each model gets the same agent-like chat turn (a system prompt, two tools, a question) through
+the engine in this process, at temperature 0: the prompt is prefilled cold, then up to
+``--max-tokens`` tokens are decoded free. A base model without a chat template gets the same
+text as a plain prompt. Medians of ``--reps`` runs.
+
+    .venv/bin/python scripts/bench_models.py [--reps 3] [--max-tokens 128] [--models a,b]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from services.inference.chat import Conversations  # noqa: E402
+from services.inference.engine import Engine, GenerateParams  # noqa: E402
+from shared import catalog  # noqa: E402
+from shared.config import parse_config  # noqa: E402
+from shared.protocol import ProtocolError  # noqa: E402
+
+TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
+                                           "parameters": {"type": "object", "properties": {
+                                               "expression": {"type": "string"}}, "required": ["expression"]}}},
+         {"type": "function", "function": {"name": "read_file", "description": "Read a text file.",
+                                           "parameters": {"type": "object", "properties": {
+                                               "path": {"type": "string"}}, "required": ["path"]}}}]
+MESSAGES = [{"role": "system", "content": "You are the planner of a household robot. Think step by step."},
+            {"role": "user", "content": "Write a detailed plan to tidy the kitchen, the hallway and the office, "
+                                        "with the order of the rooms, the tools you need and how long each "
+                                        "step takes."}]
+
+
+def measure(name: str, reps: int, max_tokens: int) -> dict:
+    model = catalog.get(name)
+    t0 = time.perf_counter()
+    engine = Engine(parse_config({"engine": {"model_path": str(model.path()), "n_ctx": 4096,
+                                             "session_slots": 1}}).engine)
+    load_s = time.perf_counter() - t0
+    try:
+        try:
+            prompt = Conversations().begin({"messages": MESSAGES, "tools": TOOLS, "tool_choice": "none"}, None,
+                                           engine, name, GenerateParams(), None).prompt
+        except ProtocolError:  # a base model: the same words as a plain prompt
+            prompt = "\n".join(m["content"] for m in MESSAGES) + "\n"
+        runs = [engine.generate(prompt, None, GenerateParams(max_tokens=max_tokens)) for _ in range(reps)]
+    finally:
+        engine.close()
+    return {"load_s": round(load_s, 2), "prompt": runs[0]["prompt_tokens"],
+            "prefill": statistics.median(r["prefill_tps"] for r in runs),
+            "decode": statistics.median(r["decode_tps"] for r in runs),
+            "tokens": runs[0]["completion_tokens"]}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--models", help="comma-separated catalog names (default: every pulled model)")
+    args = parser.parse_args()
+    names = args.models.split(",") if args.models else [m.name for m in catalog.CATALOG.values()
+                                                          if catalog.is_pulled(m)]
+    rows = {}
+    for name in names:
+        rows[name] = measure(name, args.reps, args.max_tokens)
+        print(f"{name}: {rows[name]}", file=sys.stderr, flush=True)
+    print(f"\nmedian of {args.reps}; prompt prefilled cold; up to {args.max_tokens} tokens decoded; temperature 0")
+    print("| model | file | load s | prompt tokens | prefill tok/s | decode tok/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, r in rows.items():
+        print(f"| {name} | {catalog.get(name).size / 2**20:.0f} MiB | {r['load_s']} | {r['prompt']} | "
+              f"{r['prefill']:.1f} | {r['decode']:.1f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
