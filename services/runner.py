@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NoReturn
 
 from shared.config import ConfigError, load_config
 from shared.security import SecurityError
@@ -25,11 +26,16 @@ def run_service(service_cls, name: str, argv: list[str] | None = None) -> None:
         os.environ["MAGNITUDE_CONFIG"] = os.path.abspath(args.config)
     try:
         service = service_cls(config, args.endpoint)
-    except (FileNotFoundError, ValueError) as err:
-        print(f"{name}: cannot start: {err}", file=sys.stderr)
-        sys.exit(1)
+    except SecurityError as err:
+        _exit(name, "refusing to start", err)
+    except (OSError, ValueError) as err:  # a missing model file, a taken port, a malformed key file
+        _exit(name, "cannot start", err)
     try:
         service.run()
     except SecurityError as err:
-        print(f"{name}: refusing to start: {err}", file=sys.stderr)
-        sys.exit(1)
+        _exit(name, "refusing to start", err)
+
+
+def _exit(name: str, what: str, err: Exception) -> NoReturn:
+    print(f"{name}: {what}: {err}", file=sys.stderr)
+    sys.exit(1)

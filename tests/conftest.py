@@ -50,6 +50,7 @@ def make_config(home: Path, **engine) -> Config:
         "engine": {"model_path": str(MODEL_PATH), "n_ctx": 2048, "session_slots": 2, **engine},
         "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data"), "queue_size": 4},
         "metrics": {"base_port": 0},  # ephemeral /metrics ports: parallel test runs never collide
+        "gateway": {"port": 0},  # and an ephemeral HTTP port for the gateway
     })
 
 

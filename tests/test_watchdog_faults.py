@@ -37,6 +37,7 @@ REQUESTS = {
     "retrieval": ("memory.stats", {}),
     "tools": ("tool.call", {"tool": "calculator", "args": {"expression": "23 * 47"}}),
     "optimizer": ("feedback.stats", {}),
+    "gateway": ("metrics", {}),  # its work is HTTP; over ZeroMQ it answers health and metrics
 }
 
 

@@ -35,13 +35,17 @@ class Embedder:
         self.batch_size = mem.embedding_batch_size
         self.dim = self.llm.n_embd()
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        """L2-normalised vectors, and the tokens they were computed from (after truncation)."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
+        tokens = 0
         for start in range(0, len(texts), self.batch_size):
             chunk = texts[start:start + self.batch_size]
-            out[start:start + len(chunk)] = np.asarray(self.llm.embed(chunk, truncate=True), dtype=np.float32)
+            vectors, count = self.llm.embed(chunk, truncate=True, return_count=True)
+            out[start:start + len(chunk)] = np.asarray(vectors, dtype=np.float32)
+            tokens += count
         norms = np.linalg.norm(out, axis=1, keepdims=True)
-        return out / np.maximum(norms, 1e-12)
+        return out / np.maximum(norms, 1e-12), tokens
 
     def close(self) -> None:
         self.llm.close()
@@ -73,6 +77,6 @@ class EmbeddingService(Service):
             if len(text) > _MAX_TEXT_CHARS:
                 raise ProtocolError(ErrorCode.BAD_REQUEST, f"texts[{i}] longer than {_MAX_TEXT_CHARS} chars")
         t0 = time.perf_counter()
-        vectors = self.embedder.embed(texts)
+        vectors, tokens = self.embedder.embed(texts)
         self.log.debug("embed", request_id=req.id, count=len(texts), ms=round((time.perf_counter() - t0) * 1e3, 1))
-        return vectors_to_body(vectors, self.shm_pool)
+        return {**vectors_to_body(vectors, self.shm_pool), "tokens": tokens}

@@ -2,7 +2,8 @@
 
 Sections, each in its own module: ``engine`` (the chat model and how it runs), ``agent`` (tools, loop
 limits), ``runtime`` (where sockets, data and logs live; queue and frame limits) and ``metrics``,
-``memory`` (embedding, retrieval, context budget), ``optimizer`` and ``watchdog`` (operations).
+``memory`` (embedding, retrieval, context budget), ``optimizer`` and ``watchdog`` (operations), ``gateway``
+(the OpenAI-compatible HTTP gateway).
 ``load_config`` raises ``ConfigError`` naming each bad value and why. Everything is importable from
 ``shared.config`` itself.
 """
@@ -19,15 +20,16 @@ from pydantic import Field, ValidationError
 from shared.config.agent import BUILTIN_TOOLS, FINAL_ANSWER, AgentConfig, SandboxLimits, ToolConfig
 from shared.config.base import SERVICE_NAMES, WATCHDOG_NAME, ConfigError, Section, error_lines, magnitude_home
 from shared.config.engine import DEFAULT_MODEL_FILE, KNOBS, REBUILD_KNOBS, EngineConfig, TunableSettings
+from shared.config.gateway import GatewayConfig
 from shared.config.memory import DEFAULT_EMBEDDING_MODEL_FILE, ContextBudget, MemoryConfig
 from shared.config.operations import OptimizerConfig, ThermalConfig, WatchdogConfig
 from shared.config.runtime import MetricsConfig, RuntimeConfig, ipc_path
 
 __all__ = ["BUILTIN_TOOLS", "DEFAULT_EMBEDDING_MODEL_FILE", "DEFAULT_MODEL_FILE", "FINAL_ANSWER", "KNOBS",
            "REBUILD_KNOBS", "SERVICE_NAMES", "WATCHDOG_NAME", "AgentConfig", "Config", "ConfigError",
-           "ContextBudget", "EngineConfig", "MemoryConfig", "MetricsConfig", "OptimizerConfig", "RuntimeConfig",
-           "SandboxLimits", "ThermalConfig", "ToolConfig", "TunableSettings", "WatchdogConfig", "dump_config", "error_lines",
-           "ipc_path", "load_config", "magnitude_home", "parse_config"]
+           "ContextBudget", "EngineConfig", "GatewayConfig", "MemoryConfig", "MetricsConfig", "OptimizerConfig",
+           "RuntimeConfig", "SandboxLimits", "ThermalConfig", "ToolConfig", "TunableSettings", "WatchdogConfig",
+           "dump_config", "error_lines", "ipc_path", "load_config", "magnitude_home", "parse_config"]
 
 
 class Config(Section):
@@ -38,6 +40,7 @@ class Config(Section):
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
+    gateway: GatewayConfig = Field(default_factory=GatewayConfig)
 
 
 def parse_config(data: Any, source: str = "<config>") -> Config:

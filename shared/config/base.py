@@ -8,7 +8,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 #: Service processes the launcher starts, in start order; the watchdog supervises exactly these.
-SERVICE_NAMES = ("inference", "embedding", "retrieval", "tools", "optimizer")
+SERVICE_NAMES = ("inference", "embedding", "retrieval", "tools", "optimizer", "gateway")
 #: The supervising process: started after the services, stopped before them, never supervised itself.
 WATCHDOG_NAME = "watchdog"
 

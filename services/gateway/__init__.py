@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP gateway: HTTP in, the ZeroMQ mesh behind (see docs/gateway.md)."""

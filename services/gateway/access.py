@@ -1,0 +1,87 @@
+"""Who is calling, and which Magnitude session a request belongs to: the dependencies every API route shares.
+
+With API keys configured (or when bound beyond loopback) each request needs
+``Authorization: Bearer KEY``; the key's name is the caller. An ``X-Session-Id``
+header binds the request to a session (its KV stays warm between steps). A
+caller's session ids are scoped by its key name, so two callers never share a
+session: ``usage`` reports how many prompt tokens were already cached, and a
+shared session would let one caller probe another's prompts that way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, Header
+from starlette.requests import Request
+
+from services.gateway.errors import ApiError
+from services.gateway.keys import ApiKeys
+from services.gateway.upstream import Upstreams
+from shared.config import Config
+from shared.metrics import ServiceMetrics
+
+SESSION_PATTERN = r"^[\x21-\x7e]{1,96}$"
+
+
+@dataclass
+class Gateway:
+    """What the routes share (``app.state.gateway``)."""
+
+    config: Config
+    upstreams: Upstreams
+    keys: ApiKeys
+    loopback: bool  # bound to a loopback address: no key needed until keys are configured
+    metrics: ServiceMetrics
+    log: Any
+
+    def auth_required(self) -> bool:
+        return self.keys.present() or not self.loopback
+
+
+async def gateway(request: Request) -> Gateway:
+    return request.app.state.gateway
+
+
+def _unauthorized(message: str) -> ApiError:
+    return ApiError(401, "authentication_error", "invalid_api_key", message,
+                    headers={"WWW-Authenticate": "Bearer"})
+
+
+async def caller(request: Request, gw: Annotated[Gateway, Depends(gateway)]) -> str | None:
+    """The calling key's name; None when no key is needed. 401 for a missing or wrong key."""
+    if not gw.auth_required():
+        return None
+    if gw.keys.broken:
+        gw.log.error("api_keys_unreadable", path=str(gw.keys.path), error=gw.keys.broken)
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise _unauthorized("this gateway needs an API key: send 'Authorization: Bearer KEY' "
+                            "(keys are made with scripts/keys api-key NAME)")
+    owner = gw.keys.who(key.strip())
+    if owner is None:
+        raise _unauthorized("the API key is not valid")
+    return owner
+
+
+def scoped(owner: str | None, session_id: str | None) -> str | None:
+    """The mesh session of a caller's session id: the key name is part of it."""
+    if session_id is None or owner is None:
+        return session_id
+    return f"{owner}/{session_id}"
+
+
+SessionHeader = Annotated[str | None, Header(
+    alias="X-Session-Id", pattern=SESSION_PATTERN,
+    description="binds the request to a Magnitude session: its KV cache stays warm for the next step "
+                "(usage.prompt_tokens_details.cached_tokens and timings.cache_n say how much was reused)")]
+
+
+async def session(owner: Annotated[str | None, Depends(caller)], x_session_id: SessionHeader = None) -> str | None:
+    return scoped(owner, x_session_id)
+
+
+Context = Annotated[Gateway, Depends(gateway)]
+Caller = Annotated[str | None, Depends(caller)]
+Session = Annotated[str | None, Depends(session)]

@@ -1,0 +1,87 @@
+"""Two ASGI middlewares around every request: the body size limit and the request metrics.
+
+The limit reads the body up front (a declared Content-Length over the limit is
+refused before a byte is read) and hands the app the buffered body, so an
+oversized request is answered 413 in the error shape whatever the app would
+have done with it. (Starlette's own limiter answers plain text, and FastAPI
+turns a failure while it reads the body into a 400.) Bodies are small JSON
+documents, so buffering costs nothing worth measuring.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services.gateway.errors import ERROR_CODE_KEY, ApiError
+from shared.protocol import ErrorCode
+
+
+class BodyLimit:
+    def __init__(self, app: ASGIApp, max_bytes: int, respond: Callable[[ApiError], ASGIApp]):
+        self.app = app
+        self.max_bytes = max_bytes
+        self.respond = respond  # the error response (itself an ASGI app) for an ApiError
+
+    def _too_large(self, size: str) -> ApiError:
+        return ApiError(413, "invalid_request_error", ErrorCode.TOO_LARGE,
+                        f"request body of {size} bytes is over gateway.max_body_bytes ({self.max_bytes})")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            return await self.respond(self._too_large(declared))(scope, receive, send)
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away before its body was complete
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                return await self.respond(self._too_large(f"over {size}"))(scope, receive, send)
+            if not message.get("more_body", False):
+                break
+        replay: Message | None = {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+
+        async def buffered() -> Message:
+            nonlocal replay
+            if replay is not None:
+                message, replay = replay, None
+                return message
+            return await receive()  # after the body: disconnect notices, for streaming responses
+
+        await self.app(scope, buffered, send)
+
+
+class Observe:
+    """Calls ``record(route, method, status, seconds, error_code)`` once each response has been sent in full
+    (a stream's time is its whole length); ``route`` is the route's path template, ``other`` for none."""
+
+    def __init__(self, app: ASGIApp, record: Callable[[str, str, int, float, str | None], None]):
+        self.app = app
+        self.record = record
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        started = time.perf_counter()
+        status = 500  # what the server answers if the app raises before starting a response
+
+        async def observed(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observed)
+        finally:
+            route = scope.get("route")
+            self.record(getattr(route, "path", "other"), scope["method"], status, time.perf_counter() - started,
+                        scope.get("state", {}).get(ERROR_CODE_KEY))

@@ -1,0 +1,393 @@
+"""The HTTP API's shapes: OpenAI's request and response objects, as pydantic models.
+
+They validate requests (a bad one is a 400 before anything reaches the mesh)
+and they are the OpenAPI document (``/openapi.json``) that schemathesis checks
+the gateway against. Bounds are the ones the services enforce (``max_tokens``
+up to 32768, at most 16 stop strings of up to 256 characters), so the document
+says what is accepted. Parameters Magnitude cannot honour (``n`` > 1, penalties,
+logprobs) accept only their neutral value: clients that send the default keep
+working, one that asks for more gets a 400 instead of a silent ignore. Unknown
+fields are ignored, as OpenAI-compatible servers do.
+
+Extensions beyond OpenAI: ``top_k``; ``timings`` in results (llama-server's
+names: ``cache_n`` is the prompt tokens reused from the session's KV); the
+``X-Session-Id`` header (see the routes).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+
+#: The most tokens one request may generate (the inference service's bound).
+MAX_TOKENS = 32768
+#: llama.cpp samples with a 32-bit seed.
+MAX_SEED = 2**32 - 1
+
+_INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
+
+
+def _mesh_numbers(value: Any) -> Any:
+    """Integers beyond 64 bits become floats: msgpack carries no bigger ones, and a JSON reader in most languages
+    holds such a number as a double anyway."""
+    if isinstance(value, dict):
+        return {k: _mesh_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mesh_numbers(v) for v in value]
+    if isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value <= _UINT64_MAX:
+        return float(value)
+    return value
+
+
+def _whole(value: Any) -> Any:
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+def Whole(ge: int, le: int) -> Any:
+    """An integer in [ge, le]; as in JSON Schema, 2.0 is an integer (strict mode alone would refuse it)."""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_whole)]
+
+
+#: A free-form JSON object (a JSON schema, feedback details) as the mesh can carry it.
+JsonObject = Annotated[dict[str, Any], AfterValidator(_mesh_numbers)]
+ModelName = Annotated[str, Field(min_length=1, max_length=64, description="a name from GET /v1/models")]
+StopString = Annotated[str, Field(min_length=1, max_length=256)]
+PromptText = Annotated[str, Field(min_length=1)]
+
+
+class _Request(BaseModel):
+    """Strict types (no "1" for 1, no 0 for false), so what the document calls invalid is refused."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+
+class _Reply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- requests ---------------------------------------------------------------------------------
+class SamplingParams(_Request):
+    """What chat and text completions share."""
+
+    model: ModelName
+    max_tokens: Whole(1, MAX_TOKENS) | None = Field(None, description="default: engine.default_max_tokens")
+    temperature: float | None = Field(None, ge=0, le=2)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: Whole(0, 1000) | None = Field(None, description="extension (as llama-server)")
+    seed: Whole(0, MAX_SEED) | None = Field(None, description="default: a random seed per request")
+    stop: StopString | Annotated[list[StopString], Field(max_length=16)] | None = None
+    stream: bool = False
+    n: Whole(1, 1) | None = Field(None, description="one choice per request")
+    frequency_penalty: float | None = Field(None, ge=0, le=0, description="not supported: only 0")
+    presence_penalty: float | None = Field(None, ge=0, le=0, description="not supported: only 0")
+    user: str | None = Field(None, max_length=256, description="accepted, not used")
+
+    def stop_list(self) -> list[str] | None:
+        return [self.stop] if isinstance(self.stop, str) else self.stop
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+
+
+class FunctionCall(_Request):
+    """A call in an earlier assistant message: sent back as it came, so one cut off by max_tokens passes too."""
+
+    name: str = Field(max_length=1024)
+    arguments: str = Field(max_length=1 << 20, description="a JSON object, as a string")
+
+
+class ToolCall(_Request):
+    id: str = Field(min_length=1, max_length=128)
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
+class TextPart(_Request):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Request):
+    role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
+        description="developer is read as system")
+    content: str | list[TextPart] | None = Field(None, description="text, or a list of text parts (joined as one)")
+    name: str | None = Field(None, max_length=64)
+    tool_calls: list[ToolCall] | None = Field(None, max_length=64)
+    tool_call_id: str | None = Field(None, max_length=128)
+
+
+class FunctionDefinition(_Request):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = Field(None, max_length=4096)
+    parameters: JsonObject | None = Field(None, description="a JSON schema of the arguments object")
+    strict: bool | None = None
+
+
+class Tool(_Request):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+class ToolName(_Request):
+    name: str = Field(min_length=1, max_length=64)
+
+
+class NamedToolChoice(_Request):
+    type: Literal["function"]
+    function: ToolName
+
+
+class JsonSchemaFormat(_Request):
+    model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = Field(None, max_length=4096)
+    json_schema: JsonObject = Field(alias="schema", description="the JSON schema the reply must validate against")
+    strict: bool | None = None
+
+
+class TextFormat(_Request):
+    type: Literal["text"]
+
+
+class JsonObjectFormat(_Request):
+    type: Literal["json_object"]
+
+
+class JsonSchemaResponseFormat(_Request):
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFormat, Field(discriminator="type")]
+
+
+class ChatCompletionRequest(SamplingParams):
+    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
+    tools: list[Tool] | None = Field(None, max_length=128)
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = Field(None, description="accepted; the model decides how many calls")
+    response_format: ResponseFormat | None = None
+    max_completion_tokens: Whole(1, MAX_TOKENS) | None = Field(None, description="overrides max_tokens")
+    stream_options: StreamOptions | None = None
+    logprobs: Literal[False] | None = Field(None, description="not supported: only false")
+
+
+class CompletionRequest(SamplingParams):
+    prompt: PromptText | Annotated[list[PromptText], Field(min_length=1, max_length=1)] = Field(
+        description="one prompt (a list holding one string is accepted too); not empty: a model without a BOS "
+                    "token would have nothing to continue")
+    echo: bool = False
+    logprobs: None = Field(None, description="not supported")
+    suffix: None = Field(None, description="not supported")
+    best_of: Whole(1, 1) | None = None
+    stream_options: StreamOptions | None = None
+
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+
+class EmbeddingRequest(_Request):
+    model: ModelName
+    input: Annotated[str, Field(min_length=1, max_length=1 << 16)] | Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=1 << 16)]], Field(min_length=1, max_length=2048)] = Field(
+        description="a text or a list of texts (token arrays are not supported)")
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Whole(1, 4096) | None = Field(None, description="must equal the model's dimension")
+    user: str | None = Field(None, max_length=256)
+
+    def texts(self) -> list[str]:
+        return [self.input] if isinstance(self.input, str) else self.input
+
+
+class FeedbackRequest(_Request):
+    session_id: str = Field(pattern=r"^[\x21-\x7e]{1,96}$", description="the X-Session-Id of the run")
+    success: bool
+    error_reason: str | None = Field(None, max_length=4096)
+    details: JsonObject | None = None
+
+
+# --- replies ----------------------------------------------------------------------------------
+class PromptTokensDetails(_Reply):
+    cached_tokens: int = Field(description="prompt tokens reused from the session's KV cache")
+
+
+class Usage(_Reply):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+
+class Timings(_Reply):
+    """llama-server's timings object, so clients written for it read the same fields."""
+
+    cache_n: int = Field(description="prompt tokens reused from the session's KV (= cached_tokens)")
+    prompt_n: int = Field(description="prompt tokens evaluated (prefilled)")
+    prompt_ms: float
+    prompt_per_second: float | None
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_second: float | None
+
+
+class CalledFunction(_Reply):
+    name: str
+    arguments: str = Field(description="a JSON object, as a string")
+
+
+class CallMade(_Reply):
+    """A tool call in a reply: as the model wrote it, so a call it could not finish is shown, not hidden."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: CalledFunction
+    error: str | None = Field(None, description="extension: why the call is not valid (cut off by max_tokens, "
+                                                "not the tool's shape); absent when it is")
+
+
+class AssistantMessage(_Reply):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[CallMade] | None = None
+
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class ChatChoice(_Reply):
+    index: int
+    message: AssistantMessage
+    finish_reason: FinishReason
+    logprobs: None = None
+
+
+class _Result(_Reply):
+    """What every result and stream chunk carries."""
+
+    id: str
+    created: int
+    model: str
+    system_fingerprint: str | None = Field(None, description="the engine settings id (settings_id)")
+
+
+class ChatCompletion(_Result):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+    usage: Usage
+    timings: Timings
+
+
+class FunctionCallDelta(_Reply):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(_Reply):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+    error: str | None = Field(None, description="extension, as in a whole reply's tool call")
+
+
+class Delta(_Reply):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChunkChoice(_Reply):
+    index: int
+    delta: Delta
+    finish_reason: FinishReason | None = None
+    logprobs: None = None
+
+
+class _Piece(_Result):
+    """A result that may be one piece of a stream: usage and timings come with the last piece."""
+
+    usage: Usage | None = None
+    timings: Timings | None = None
+
+
+class ChatCompletionChunk(_Piece):
+    """One SSE ``data:`` event of a streamed chat completion."""
+
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChunkChoice]
+
+
+class CompletionChoice(_Reply):
+    index: int
+    text: str
+    finish_reason: FinishReason | None = Field(None, description="set in a result and a stream's last chunk")
+    logprobs: None = None
+
+
+class Completion(_Piece):
+    """A text completion, or one streamed chunk of one (a piece of its text)."""
+
+    object: Literal["text_completion"] = "text_completion"
+    choices: list[CompletionChoice]
+
+
+class Embedding(_Reply):
+    object: Literal["embedding"] = "embedding"
+    index: int
+    embedding: list[float] | str = Field(description="floats, or base64 of little-endian float32")
+
+
+class EmbeddingUsage(_Reply):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingList(_Reply):
+    object: Literal["list"] = "list"
+    data: list[Embedding]
+    model: str
+    usage: EmbeddingUsage
+
+
+class Model(_Reply):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+    kind: Literal["generation", "embedding"] = Field(description="extension: what the model serves")
+    resident: bool | None = Field(None, description="extension: loaded in memory now")
+    chat_template: Literal["tools", "chat", "none"] | None = Field(
+        None, description="extension, for catalog models: its template renders tools, chat only, or none (a base "
+                          "model: completions only)")
+    description: str | None = Field(None, description="extension: what the model is (catalog models)")
+
+
+class ModelList(_Reply):
+    object: Literal["list"] = "list"
+    data: list[Model]
+
+
+class FeedbackReceipt(_Reply):
+    id: int | str
+    durable: bool
+    queued_for: str | None = None
+    settings_id: str | None = None
+
+
+class Health(_Reply):
+    status: Literal["ok", "unavailable"]
+    services: dict[str, bool] = Field(description="whether each service behind the gateway answers health")
+
+
+class ErrorDetail(_Reply):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(_Reply):
+    error: ErrorDetail

@@ -1,0 +1,96 @@
+"""The gateway process: the shared service loop on its ZeroMQ socket, and the HTTP server in its worker thread.
+
+Its health reaches the watchdog the way every service's does: the service loop
+answers ``health`` on ``ipc://.../gateway.sock``, so ``magnitude health``, the
+compose healthcheck (``scripts/health --service gateway``) and the watchdog's
+heartbeat need nothing new, and the healthcheck stays light. What that answer
+says about HTTP comes from the worker: its one worker thread runs uvicorn's
+event loop, which beats the service's heartbeat about once a second. A loop
+blocked for ``gateway.loop_stall_s``, or a server thread that died, reads
+``ok: false``, and the watchdog restarts the gateway as hung; a dead process
+is restarted as dead, like any service.
+
+The HTTP socket is bound before the service loop starts, so a taken port stops
+the process at once with a clear message, and a bind beyond loopback without
+API keys is refused (the gateway would otherwise serve anyone who can reach it).
+SIGTERM stops intake and lets running requests, streams included, finish.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import uvicorn
+import zmq
+
+from services.gateway.access import Gateway
+from services.gateway.app import create_app
+from services.gateway.keys import ApiKeys, keys_path
+from services.gateway.upstream import Upstreams
+from shared.config import Config
+from shared.security import SecurityError, is_loopback
+from shared.service import Service
+
+_GRACEFUL_SHUTDOWN_S = 30
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """The listening socket (OSError when the address is taken or not ours)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP, not the default 0: asyncio turns Nagle off (TCP_NODELAY) only on sockets that say TCP, and
+    # with Nagle on, a keep-alive client waits out its delayed ACK (~40 ms) on every response.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(2048)
+    except OSError as err:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {err.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+class GatewayService(Service):
+    name = "gateway"
+    workers = 1  # its thread runs the HTTP server's event loop
+
+    def __init__(self, config: Config, endpoint: str | None = None):
+        super().__init__(config, endpoint)
+        cfg = config.gateway
+        loopback = is_loopback(f"tcp://{_url_host(cfg.host)}:{cfg.port}")
+        keys = ApiKeys(keys_path(config))
+        if not loopback and not keys.present():
+            raise SecurityError(f"gateway.host {cfg.host} is not loopback and {keys.path} holds no API key; "
+                                "make one with scripts/keys api-key NAME (or bind 127.0.0.1)")
+        self.http_socket = bind(cfg.host, cfg.port)
+        self.url = f"http://{_url_host(cfg.host)}:{self.http_socket.getsockname()[1]}"
+        self.gateway = Gateway(config, Upstreams(config, on_in_flight=self.set_running), keys, loopback,
+                               self.metrics, self.log)
+        self.server = uvicorn.Server(uvicorn.Config(
+            create_app(self.gateway, self.beat), log_config=None, access_log=False, server_header=False,
+            timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, lifespan="on"))
+
+    def health_details(self) -> dict[str, Any]:
+        return {"url": self.url, "auth": "api_keys" if self.gateway.auth_required() else "none (loopback)",
+                "in_flight": self.gateway.upstreams.in_flight, "api_keys_error": self.gateway.keys.broken}
+
+    def worker_stall_s(self) -> float:
+        return self.config.gateway.loop_stall_s
+
+    def work_loop(self, out: zmq.Socket) -> None:
+        """The HTTP server (its own asyncio loop, in this worker thread) until stop()."""
+        self.log.info("gateway_listening", url=self.url, auth=self.health_details()["auth"])
+        self.server.run(sockets=[self.http_socket])
+
+    def stop(self) -> None:
+        super().stop()
+        self.server.should_exit = True  # uvicorn stops accepting and drains its open requests
+
+    def close(self) -> None:
+        self.http_socket.close()

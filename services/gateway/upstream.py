@@ -1,0 +1,109 @@
+"""The services behind the gateway: pooled asyncio clients, an admission limit and a deadline per request.
+
+A ZeroMQ DEALER of ``AsyncClient`` carries one request at a time (a reply whose
+id is not the awaited one is dropped), so each HTTP request borrows a client
+of its own from a per-service pool and gives it back when its exchange ended
+cleanly. A client whose exchange was cut short (the HTTP client went away, the
+deadline passed) is closed instead, so no late frame of it meets the next
+request. At most ``gateway.max_concurrent`` requests are in flight; one more
+is refused at once with 429 rather than queued without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+
+from services.gateway.errors import ApiError, bad_request, from_service_error
+from shared.client import AsyncClient, ServiceError
+from shared.config import Config
+from shared.protocol import ErrorCode, Reply
+
+
+class Upstreams:
+    def __init__(self, config: Config, on_in_flight: Callable[[int], None] = lambda n: None):
+        self.config = config
+        self.limit = config.gateway.max_concurrent
+        self.timeout_s = config.gateway.request_timeout_s
+        self.in_flight = 0
+        self._on_in_flight = on_in_flight
+        self._idle: dict[str, list[AsyncClient]] = {}
+
+    def deadline(self) -> float:
+        """When a request starting now must be done (loop time)."""
+        return asyncio.get_running_loop().time() + self.timeout_s
+
+    @asynccontextmanager
+    async def client(self, service: str, admit: bool = True) -> AsyncIterator[AsyncClient]:
+        """A client of ``service`` for one exchange; ``admit`` counts it against the in-flight limit."""
+        if admit:
+            if self.in_flight >= self.limit:
+                raise ApiError(429, "rate_limit_error", ErrorCode.BUSY,
+                               f"the gateway has {self.limit} requests in flight (gateway.max_concurrent); "
+                               "retry later")
+            self._count(+1)
+        idle = self._idle.setdefault(service, [])
+        client = idle.pop() if idle else AsyncClient.for_service(service, self.config, timeout_s=self.timeout_s)
+        clean = False
+        try:
+            yield client
+            clean = True
+        except ServiceError:
+            clean = True  # a typed error reply ends the exchange; the client resets its own socket when needed
+            raise
+        finally:
+            if admit:
+                self._count(-1)
+            if clean:
+                idle.append(client)
+            else:
+                client.close()
+
+    def _count(self, delta: int) -> None:
+        self.in_flight += delta
+        self._on_in_flight(self.in_flight)
+
+    async def request(self, service: str, msg_type: str, body: dict | None = None, session: str | None = None,
+                      deadline: float | None = None, admit: bool = True) -> dict:
+        """One request's final body; mesh errors and the deadline become ``ApiError``s."""
+        deadline = deadline if deadline is not None else self.deadline()
+        with mapped_errors(msg_type):
+            async with self.client(service, admit) as client, asyncio.timeout_at(deadline):
+                return await client.request(msg_type, body, session)
+
+    async def stream(self, service: str, msg_type: str, body: dict, session: str | None,
+                     deadline: float) -> AsyncIterator[Reply]:
+        """Every reply frame of one streaming request (events, then the final one), each within the deadline."""
+        with mapped_errors(msg_type):
+            async with self.client(service) as client:
+                frames = client.stream(msg_type, body, session)
+                try:
+                    while True:
+                        async with asyncio.timeout_at(deadline):
+                            reply = await anext(frames)
+                        yield reply
+                        if reply.final:
+                            return
+                finally:
+                    await frames.aclose()
+
+    def close(self) -> None:
+        for clients in self._idle.values():
+            for client in clients:
+                client.close()
+        self._idle.clear()
+
+
+@contextmanager
+def mapped_errors(msg_type: str) -> Iterator[None]:
+    """Turns what a mesh call raises into the HTTP error a client understands."""
+    try:
+        yield
+    except ServiceError as err:
+        raise from_service_error(err) from err
+    except TimeoutError as err:
+        raise ApiError(504, "timeout_error", ErrorCode.TIMEOUT,
+                       f"{msg_type} did not finish within gateway.request_timeout_s") from err
+    except (ValueError, OverflowError) as err:  # what msgpack cannot encode: lone surrogates, integers over 64 bits
+        raise bad_request(f"the request cannot be encoded: {err}") from err

@@ -1,0 +1,174 @@
+"""The gateway's parts without a model: API keys, the start-up refusals, error statuses, the body limit,
+and how stream chunks are made from inference's events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from services.gateway.errors import from_service_error
+from services.gateway.keys import ApiKeys, create_key, revoke_key
+from services.gateway.middleware import BodyLimit
+from services.gateway.replies import ChatShape, CompletionShape
+from shared.client import ServiceError
+from shared.config import dump_config, parse_config
+from tests.conftest import REPO
+
+
+# --- API keys --------------------------------------------------------------------------------------
+def test_keys_are_stored_hashed_and_checked_against_every_entry(tmp_path):
+    path = tmp_path / "keys" / "api_keys"
+    robot, arm = create_key(path, "robot"), create_key(path, "arm")
+    text = path.read_text()
+    assert robot not in text and arm not in text and oct(path.stat().st_mode & 0o777) == "0o600"
+    keys = ApiKeys(path)
+    assert keys.present() and keys.names() == ["robot", "arm"]
+    assert keys.who(robot) == "robot" and keys.who(arm) == "arm"
+    assert keys.who(robot[:-1]) is None and keys.who("") is None and keys.who("\ud800") is None
+    renewed = create_key(path, "robot")  # a new key for a name replaces the old one, read without a restart
+    assert keys.who(robot) is None and keys.who(renewed) == "robot"
+    assert revoke_key(path, "arm") and not revoke_key(path, "arm")
+    assert keys.who(arm) is None and keys.names() == ["robot"]
+    with pytest.raises(ValueError, match="key name"):
+        create_key(path, "no spaces")
+
+
+def test_a_key_file_that_breaks_while_running_locks_everyone_out(tmp_path):
+    path = tmp_path / "api_keys"
+    key = create_key(path, "robot")
+    keys = ApiKeys(path)
+    path.write_text("robot not-a-digest and more\n")
+    assert keys.present() and keys.who(key) is None and "expected 'NAME SHA256HEX'" in keys.broken
+    path.unlink()
+    assert not keys.present() and keys.broken is None
+    path.write_text("garbage\n")
+    with pytest.raises(ValueError):  # at start, a malformed file stops the gateway instead
+        ApiKeys(path)
+
+
+# --- start-up refusals --------------------------------------------------------------------------------
+def _start(tmp_path, gateway: dict) -> subprocess.CompletedProcess:
+    config = parse_config({"runtime": {"runtime_dir": str(tmp_path / "run"), "data_dir": str(tmp_path / "data")},
+                           "metrics": {"enabled": False}, "gateway": gateway})
+    path = tmp_path / "gateway.yaml"
+    path.write_text(dump_config(config))
+    return subprocess.run([sys.executable, "-m", "services.gateway", "--config", str(path)], capture_output=True,
+                          text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+
+
+def test_refuses_to_listen_beyond_loopback_without_api_keys(tmp_path):
+    out = _start(tmp_path, {"host": "0.0.0.0", "port": 0})
+    assert out.returncode == 1
+    assert "gateway: refusing to start" in out.stderr and "scripts/keys api-key" in out.stderr
+
+
+def test_a_taken_port_is_a_clear_start_failure(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        out = _start(tmp_path, {"port": taken.getsockname()[1]})
+    assert out.returncode == 1 and "gateway: cannot start: cannot listen on 127.0.0.1" in out.stderr
+
+
+# --- errors --------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("code,status", [("bad_request", 400), ("not_found", 404), ("too_large", 413),
+                                         ("busy", 429), ("unavailable", 503), ("shutting_down", 503),
+                                         ("timeout", 504), ("unknown_type", 501), ("internal", 500),
+                                         ("something_new", 500)])
+def test_mesh_errors_map_to_http_statuses(code, status):
+    assert from_service_error(ServiceError(code, "why")).status == status
+
+
+def test_an_unknown_model_is_model_not_found():
+    err = from_service_error(ServiceError("not_found", "no model 'gpt-4o' (configured: default)"))
+    assert (err.status, err.code) == (404, "model_not_found")
+
+
+# --- the body limit -----------------------------------------------------------------------------------
+async def _call(limit: BodyLimit, chunks: list[bytes], headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
+    messages = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    sent: list[dict] = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    await limit({"type": "http", "method": "POST", "path": "/", "headers": headers}, receive, send)
+    return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
+
+
+def test_body_limit_refuses_declared_and_chunked_bodies_and_replays_small_ones():
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    from services.gateway.errors import error_response
+    limit = BodyLimit(app, 10, lambda err: error_response(err, 1))
+    assert asyncio.run(_call(limit, [b"12345", b"678"], [])) == (200, b"ok") and seen == [b"12345678"]
+    status, body = asyncio.run(_call(limit, [b"123456", b"789012"], []))  # no Content-Length: counted
+    assert status == 413 and json.loads(body)["error"]["code"] == "too_large"
+    status, _ = asyncio.run(_call(limit, [b""], [(b"content-length", b"99999")]))  # refused before reading
+    assert status == 413 and len(seen) == 1
+
+
+# --- stream chunks ---------------------------------------------------------------------------------------
+FINAL_STATS = {"prompt_tokens": 20, "cached_tokens": 12, "prefill_tokens": 8, "completion_tokens": 5,
+               "ttft_s": 0.05, "total_s": 0.25, "prefill_tps": 160.0, "decode_tps": 25.0, "settings_id": "abc",
+               "model": "m"}
+
+
+def _dump(chunks) -> list[dict]:
+    return [json.loads(c.model_dump_json(exclude_none=True)) for c in chunks]
+
+
+def test_chat_stream_chunks_carry_text_tool_calls_and_usage_last():
+    shape = ChatShape("m")
+    chunks = shape.opening() + shape.on_event({"text": "Let me check."})
+    chunks += shape.on_event({"tool_call": {"index": 0, "id": "call_1", "name": "move_to",
+                                            "arguments": '{"room": "kitchen"}'}})
+    final = {**FINAL_STATS, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": "Let me check.", "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "move_to", "arguments": '{"room": "kitchen"}'}},
+            {"id": "call_2", "type": "function", "function": {"name": "look", "arguments": "{}"}}]}}
+    out = _dump(chunks + shape.closing(final))
+    assert out[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert out[1]["choices"][0]["delta"] == {"content": "Let me check."}
+    assert out[2]["choices"][0]["delta"]["tool_calls"] == [{"index": 0, "id": "call_1", "type": "function", "function": {
+        "name": "move_to", "arguments": '{"room": "kitchen"}'}}]
+    assert out[3]["choices"][0]["delta"]["tool_calls"][0]["index"] == 1  # in the result, never streamed: sent now
+    last = out[-1]
+    assert last["choices"][0]["finish_reason"] == "tool_calls" and last["system_fingerprint"] == "abc"
+    assert last["usage"] == {"prompt_tokens": 20, "completion_tokens": 5, "total_tokens": 25,
+                             "prompt_tokens_details": {"cached_tokens": 12}}
+    assert last["timings"]["cache_n"] == 12 and last["timings"]["prompt_n"] == 8
+    assert all("usage" not in c for c in out[:-1]) and len({c["id"] for c in out}) == 1
+
+
+def test_include_usage_moves_usage_to_a_chunk_without_choices():
+    shape = CompletionShape("m", include_usage=True, echo="Hi")
+    out = _dump(shape.opening() + shape.on_event({"text": " there"}) + shape.closing(
+        {**FINAL_STATS, "text": " there", "stop_reason": "eos"}))
+    assert [c["choices"][0]["text"] for c in out[:-1]] == ["Hi", " there", ""]
+    assert out[-2]["choices"][0]["finish_reason"] == "stop" and "usage" not in out[-2]
+    assert out[-1]["choices"] == [] and out[-1]["usage"]["total_tokens"] == 25
+
+
+def test_the_listening_socket_says_tcp_so_asyncio_turns_nagle_off():
+    """With proto 0 asyncio leaves Nagle on, and every keep-alive response waited ~40 ms for a delayed ACK."""
+    from services.gateway.service import bind
+    sock = bind("127.0.0.1", 0)
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()
