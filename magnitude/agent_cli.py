@@ -6,6 +6,7 @@ import json
 import sys
 
 from magnitude.agent import Agent, Trace, submit_feedback
+from shared import catalog
 from shared.client import Client, ServiceError
 
 
@@ -25,8 +26,9 @@ def print_trace(trace: Trace) -> None:
     if trace.error:
         print(f"error: {trace.error}")
         if "no chat template" in trace.error:
-            print("hint: the agent needs an instruct model: `magnitude models pull qwen2.5-coder-1.5b`, then set "
-                  "engine.model_path to it, or add it to engine.models and set agent.model (docs/agents.md)")
+            print(f"hint: the agent needs an instruct model: `magnitude models pull {catalog.DEFAULT_AGENT_MODEL}` "
+                  "(the engine's default when engine.model_path is unset), or add one to engine.models and set "
+                  "agent.model (docs/agents.md)")
     if trace.answer is not None:
         print(f"answer: {trace.answer}")
 

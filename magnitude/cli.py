@@ -8,7 +8,6 @@ import sys
 import time
 
 from magnitude import agent_cli, launcher, memory_cli, models_cli, stats_cli, strategy_cli
-from magnitude.prompts import gemma_prompt
 from shared import health as healthcheck
 from shared import process
 from shared.client import Client, GenerateResult, ServiceError
@@ -43,16 +42,33 @@ def _stream_to_stdout(client: Client, prompt: str, session: str | None, **params
     return result
 
 
+def _stream_chat_to_stdout(client: Client, text: str, session: str | None, **params) -> dict:
+    """One user turn through the model's own chat template (the ``chat`` message); the final stats."""
+    body = {"messages": [{"role": "user", "content": text}], "stream": True,
+            **{k: v for k, v in params.items() if v is not None}}
+    final = {}
+    for reply in client.stream("chat", body, session):
+        if reply.final:
+            final = reply.body
+        else:
+            sys.stdout.write(reply.body.get("text", ""))
+            sys.stdout.flush()
+    print()
+    return {k: v for k, v in final.items() if k != "message"}
+
+
 def cmd_generate(args, config) -> int:
     client = Client.for_service("inference", config, timeout_s=args.timeout)
-    prompt = gemma_prompt([("user", args.prompt)]) if args.chat else args.prompt
+    params = {"max_tokens": args.max_tokens, "temperature": args.temperature, "stop": args.stop or None}
     try:
-        result = _stream_to_stdout(client, prompt, args.session, max_tokens=args.max_tokens,
-                                   temperature=args.temperature, stop=args.stop or None)
+        if args.chat:
+            stats = _stream_chat_to_stdout(client, args.prompt, args.session, **params)
+        else:
+            stats = _stream_to_stdout(client, args.prompt, args.session, **params).stats
     except ServiceError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
-    print(json.dumps(result.stats), file=sys.stderr)
+    print(json.dumps(stats), file=sys.stderr)
     return 0
 
 
@@ -66,7 +82,7 @@ def cmd_demo(args, config) -> int:
         return 1
     client = Client.for_service("inference", config, timeout_s=120)
     session = f"demo-{int(time.time())}"
-    # The bundled 270M model continues documents well, so the session is a growing robot log.
+    # Raw completion (no chat template): the session is a growing robot log, each step adds to it.
     log = "Household robot log.\n08:00 Charged the battery to 100%.\n08:15 Vacuumed the living room.\n08:30"
     agent = Agent(config, timeout_s=120)
     try:
@@ -116,7 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="stream a completion from the inference service")
     p.add_argument("prompt")
     p.add_argument("--session", help="session id: reuse its KV cache across calls")
-    p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn in the chat format")
+    p.add_argument("--chat", action="store_true",
+                   help="send the prompt as one user turn, rendered with the model's own chat template")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--stop", action="append", help="stop sequence (repeatable)")

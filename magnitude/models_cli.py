@@ -24,9 +24,11 @@ def cmd_list(args, config) -> int:
 
 
 def cmd_pull(args, config) -> int:
-    names = list(catalog.CATALOG) if args.all else list(catalog.SETUP_MODELS) if args.defaults else args.names
+    names = (list(catalog.CATALOG) if args.all else list(catalog.SETUP_MODELS) if args.defaults
+             else [catalog.DEFAULT_AGENT_MODEL] if args.agent_model else args.names)
     if not names:
-        print("error: name a model (magnitude models list), or give --defaults or --all", file=sys.stderr)
+        print("error: name a model (magnitude models list), or give --agent-model, --defaults or --all",
+              file=sys.stderr)
         return 2
     for name in names:
         try:
@@ -50,6 +52,9 @@ def register(sub) -> None:
     p = group.add_parser("pull", help="download, assemble and verify models (idempotent)")
     p.add_argument("names", nargs="*", metavar="NAME", help="catalog names (see 'magnitude models list')")
     p.add_argument("--all", action="store_true", help="every model in the catalog")
+    p.add_argument("--agent-model", action="store_true",
+                   help=f"the default agent model, which the engine serves when no model_path is set "
+                        f"({catalog.DEFAULT_AGENT_MODEL}); what the compose setup job pulls")
     p.add_argument("--defaults", action="store_true",
                    help=f"what setup pulls: the engine's default, the tests' and the agent's models "
                         f"({', '.join(catalog.SETUP_MODELS)})")

@@ -1,8 +1,8 @@
-"""Prompt text in the Gemma 3 chat format (the bundled model's).
+"""Gemma 3 turn markup for raw ``generate`` prompts (tests and benchmarks of raw completion on the small base model).
 
-The inference service completes raw text, so the agent side owns the format;
-keeping the whole history as one growing string is what lets a session reuse
-its KV cache from one step to the next.
+Agents and ``magnitude generate --chat`` use the ``chat`` message instead, which renders each model's own
+template. Keeping a conversation as one growing string is what lets a session reuse its KV from one step to
+the next.
 """
 
 from __future__ import annotations

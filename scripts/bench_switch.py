@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from _bench import start_inference, stop
-from shared.config import DEFAULT_MODEL_FILE, magnitude_home
+from shared import catalog
 
 PROMPT = "Robot status report. Battery: 81%. Location: kitchen. Next action:"
 
@@ -37,12 +37,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=10, help="chat+fast request pairs per mode")
     parser.add_argument("--max-tokens", type=int, default=16)
-    parser.add_argument("--fast-model", type=Path, default=magnitude_home() / "models" / DEFAULT_MODEL_FILE,
+    parser.add_argument("--fast-model", type=Path, default=catalog.get(catalog.BASE_MODEL).path(),
                         help="GGUF of the second model (default: the bundled one under a second name)")
     args = parser.parse_args()
 
-    engine = {"n_ctx": 1024, "session_slots": 1, "models": {"chat": str(magnitude_home() / "models" /
-                                                                           DEFAULT_MODEL_FILE),
+    engine = {"n_ctx": 1024, "session_slots": 1, "models": {"chat": str(catalog.get(catalog.BASE_MODEL).path()),
                                                               "fast": str(args.fast_model)}}
     modes = {"resident": {**engine, "max_models": 2}, "reload": {**engine, "max_models": 1}}
     stats: dict[str, list[dict]] = {mode: [] for mode in modes}

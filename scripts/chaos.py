@@ -46,7 +46,7 @@ from magnitude.agent import Agent, Trace  # noqa: E402
 from services.retrieval.store import MemoryStore  # noqa: E402
 from shared import process  # noqa: E402
 from shared.client import Client, Retry, ServiceError  # noqa: E402
-from shared.config import (DEFAULT_EMBEDDING_MODEL_FILE, DEFAULT_MODEL_FILE, SERVICE_NAMES,  # noqa: E402
+from shared.config import (DEFAULT_EMBEDDING_MODEL_FILE, SERVICE_NAMES,  # noqa: E402
                            WATCHDOG_NAME, dump_config, magnitude_home, parse_config)
 from shared.protocol import ErrorCode  # noqa: E402
 
@@ -191,7 +191,7 @@ def wait_healthy(config, timeout_s: float) -> bool:
 def make_config(home: Path):
     models = magnitude_home() / "models"
     return parse_config({
-        "engine": {"model_path": str(models / DEFAULT_MODEL_FILE), "n_ctx": 2048, "session_slots": 4},
+        "engine": {"model_path": str(catalog.get(catalog.TEST_CHAT_MODEL).path(models)), "n_ctx": 2048, "session_slots": 4},
         "memory": {"embedding_model_path": str(models / DEFAULT_EMBEDDING_MODEL_FILE)},
         "agent": {"tools": [{"name": "calculator"}], "max_step_tokens": 96},
         "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data"), "queue_size": 64},

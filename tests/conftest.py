@@ -16,7 +16,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from shared import catalog  # noqa: E402
-from shared.config import DEFAULT_MODEL_FILE, Config, magnitude_home, parse_config  # noqa: E402
+from shared import catalog  # noqa: E402
+from shared.config import Config, magnitude_home, parse_config  # noqa: E402
 
 #: Inputs tried per fuzz target, printed in the test summary.
 FUZZ_COUNTS: dict[str, int] = {}
@@ -32,9 +33,9 @@ def pytest_terminal_summary(terminalreporter):
 
 
 # The model lives in the user's MAGNITUDE_HOME (assembled by scripts/setup); everything else per run.
-MODEL_PATH = magnitude_home() / "models" / DEFAULT_MODEL_FILE
+MODEL_PATH = catalog.get(catalog.BASE_MODEL).path()
 #: The smallest instruct model whose template renders tools (pulled by scripts/setup): chat tests load it.
-CHAT_MODEL_PATH = catalog.get(catalog.TEST_CHAT_MODEL).path(magnitude_home() / "models")
+CHAT_MODEL_PATH = catalog.get(catalog.TEST_CHAT_MODEL).path()
 
 
 @pytest.fixture(scope="session")

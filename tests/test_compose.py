@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from magnitude.cli import build_parser
 from shared.config import SERVICE_NAMES
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,6 +25,9 @@ def test_every_launcher_service_has_a_container_and_vice_versa():
         module = service_module(svc["command"])
         if module:
             assert (REPO / module.replace(".", "/") / "__main__.py").is_file(), name
+        elif svc["command"][:2] == ["magnitude", "models"]:  # a setup job pulling from the model catalog
+            args = build_parser().parse_args(svc["command"][1:])
+            assert args.models_command == "pull", f"{name}: {svc['command']}"
         else:  # a setup job: docker/with-packages PIP_ARGS -- python scripts/X.py ...
             files = [arg for arg in svc["command"] if arg.startswith(("docker/", "scripts/"))]
             assert files and all((REPO / f).is_file() for f in files), f"{name}: {svc['command']}"

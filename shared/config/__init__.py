@@ -19,13 +19,13 @@ from pydantic import Field, ValidationError
 
 from shared.config.agent import BUILTIN_TOOLS, FINAL_ANSWER, AgentConfig, SandboxLimits, ToolConfig
 from shared.config.base import SERVICE_NAMES, WATCHDOG_NAME, ConfigError, Section, error_lines, magnitude_home
-from shared.config.engine import DEFAULT_MODEL_FILE, KNOBS, REBUILD_KNOBS, EngineConfig, TunableSettings
+from shared.config.engine import KNOBS, REBUILD_KNOBS, EngineConfig, TunableSettings
 from shared.config.gateway import GatewayConfig
 from shared.config.memory import DEFAULT_EMBEDDING_MODEL_FILE, ContextBudget, MemoryConfig
 from shared.config.operations import OptimizerConfig, ThermalConfig, WatchdogConfig
 from shared.config.runtime import MetricsConfig, RuntimeConfig, ipc_path
 
-__all__ = ["BUILTIN_TOOLS", "DEFAULT_EMBEDDING_MODEL_FILE", "DEFAULT_MODEL_FILE", "FINAL_ANSWER", "KNOBS",
+__all__ = ["BUILTIN_TOOLS", "DEFAULT_EMBEDDING_MODEL_FILE", "FINAL_ANSWER", "KNOBS",
            "REBUILD_KNOBS", "SERVICE_NAMES", "WATCHDOG_NAME", "AgentConfig", "Config", "ConfigError",
            "ContextBudget", "EngineConfig", "GatewayConfig", "MemoryConfig", "MetricsConfig", "OptimizerConfig",
            "RuntimeConfig", "SandboxLimits", "ThermalConfig", "ToolConfig", "TunableSettings", "WatchdogConfig",

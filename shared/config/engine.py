@@ -7,13 +7,14 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import Field, create_model, field_validator, model_validator
 
-from shared.config.base import Section, magnitude_home
+from shared import catalog
+from shared.config.base import Section
 
-DEFAULT_MODEL_FILE = "gemma-3-270m-q4_k_m.gguf"
 
 
 class EngineConfig(Section):
-    model_path: Path | None = Field(None, description="GGUF file; default: the bundled Gemma 3 270M")
+    model_path: Path | None = Field(None, description="GGUF file; default: the catalog's default agent "
+                                                    "model (magnitude models list)")
     n_ctx: int = Field(4096, ge=128, le=131072, description="context tokens per session")
     n_threads: int = Field(0, ge=0, le=256, description="0 = one per physical core")
     max_batch_size: int = Field(512, ge=1, le=8192, description="llama.cpp n_batch (tokens per decode call)")
@@ -53,7 +54,8 @@ class EngineConfig(Section):
         return self
 
     def resolved_model_path(self) -> Path:
-        return self.model_path or magnitude_home() / "models" / DEFAULT_MODEL_FILE
+        """``model_path``, else the catalog's default agent model (``magnitude models pull`` puts it there)."""
+        return self.model_path or catalog.get(catalog.DEFAULT_AGENT_MODEL).path()
 
 
 #: The engine knobs ``engine.configure`` accepts; the optimizer tunes these.
