@@ -97,6 +97,7 @@ MESSAGES: dict[str, MessageSpec] = {
             "stream": Field(bool),
             "grammar": Field(str, max_len=1 << 18),
             "model": Field(str, max_len=64),
+            "cache_prompt": Field(bool),
         },
         streams=True,
         doc="Complete a prompt. With a session, the KV cache of its earlier steps is reused.",

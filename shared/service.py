@@ -84,6 +84,7 @@ class Job:
     request: Request
     received_at: float
     started_at: float | None = None  # when a worker took it off the queue
+    answered: bool = False  # its final reply (ok or error) has gone
 
 
 class Service:
@@ -227,7 +228,9 @@ class Service:
         while True:
             if self._stopping.is_set():
                 stop_deadline = stop_deadline or time.monotonic() + _DRAIN_TIMEOUT_S
-                idle = self._jobs.empty() and self._running_jobs == 0
+                # Queued or taken but not answered yet (a job counts from the moment a worker takes it, so a
+                # SIGTERM during its very first prefill still waits for its reply); dead workers answer nothing.
+                idle = self._jobs.unfinished_tasks == 0 or not any(w.is_alive() for w in self._workers)
                 if idle or time.monotonic() > stop_deadline:
                     break
             for sock, _ in poller.poll(100):
@@ -329,21 +332,20 @@ class Service:
             out.close(linger=1000)
 
     def next_job(self, timeout_s: float | None) -> Job | None:
-        """The next queued request (waiting up to ``timeout_s``; None = don't wait), or None. Beats first."""
+        """The next queued request (waiting up to ``timeout_s``; None or 0 = don't wait), or None. Beats first.
+        From here until its final reply the job counts as running."""
         self.beat()
         try:
             job = self._jobs.get(timeout=timeout_s) if timeout_s else self._jobs.get_nowait()
         except queue.Empty:
             return None
+        with self._running_lock:
+            self._running_jobs += 1
         job.started_at = self._beats[threading.current_thread().name] = time.monotonic()
         return job
 
     def idle_and_stopping(self) -> bool:
         return self._stopping.is_set() and self._jobs.empty()
-
-    def set_running(self, n: int) -> None:
-        with self._running_lock:
-            self._running_jobs = n
 
     def work_loop(self, out: zmq.Socket) -> None:
         """One request at a time; a service that batches overrides this."""
@@ -353,13 +355,7 @@ class Service:
                 if self.idle_and_stopping():
                     return
                 continue
-            with self._running_lock:
-                self._running_jobs += 1
-            try:
-                self.run_job(job, out)
-            finally:
-                with self._running_lock:
-                    self._running_jobs -= 1
+            self.run_job(job, out)
 
     def replier(self, job: Job, out: zmq.Socket) -> Callable[[str, dict], None]:
         """``send(kind, body)`` for one job: ``event``/``ok`` frames back to its client."""
@@ -373,7 +369,11 @@ class Service:
         req = job.request
         bookkeeping = msgpack.packb([req.session, req.id, kind, req.type, job.received_at, code])
         out.send_multipart([bookkeeping] + job.header + [payload])
-        if kind != "event":
+        if kind != "event" and not job.answered:
+            job.answered = True
+            with self._running_lock:
+                self._running_jobs -= 1
+            self._jobs.task_done()
             self.telemetry.request_done(req.type, job.received_at, job.started_at, code)
 
     def fail(self, job: Job, out: zmq.Socket, exc: Exception) -> None:
