@@ -127,6 +127,14 @@ class Engine:
         self.sessions = SessionTable(cfg.session_slots, cfg.session_cache_mb * 2**20, self, store,
                                      share_prefixes=cfg.prefix_sharing)
         self._state_bytes = llama_cpp.llama_state_get_size(self.ctx.ctx)
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """One throwaway decode, as llama-server does at start: it pages the mapped weights in and runs the
+        kernels once, so the first request does not pay for that (about 0.3 s here)."""
+        vocab = self.model.vocab
+        self.decode([(0, 0, [llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab)], 1)])
+        self.clear_seq(0)
 
     def _close_context(self) -> None:
         if self._batch is not None:

@@ -7,7 +7,8 @@ each, ``sessions.Slot``), and every step builds one batch per resident model fro
 * chunks of the prompts being read in (prefill),
 
 under a token budget (``max_batch_size``). Every decoding generation gets its token in every step, so a long
-prompt cannot stall them: prompts are read at most ``prefill_chunk_size`` tokens per step. Those prompt tokens
+prompt cannot stall them: while any generation decodes, prompts are read at most ``prefill_chunk_size`` tokens
+per step (when none does, a whole batch). Those prompt tokens
 go to prompts in every step whatever is decoding, so decodes cannot starve a prompt either, and they are shared
 out evenly between the prompts being read (a short follow-up step is not stuck behind a long document; equal
 chunks also suit llama.cpp's split of a batch into sub-batches). Drafts get what is left.
@@ -273,8 +274,10 @@ class Scheduler:
         budget = engine.cfg.max_batch_size
         decoders = [t for t in tasks if t.state is State.DECODE][:budget]
         prefills = [t for t in tasks if t.state is State.PREFILL]
-        chunks = fair_shares([len(t.prompt) - t.fed for t in prefills],
-                             min(engine.cfg.prefill_chunk_size, budget - len(decoders)))
+        # Prompt tokens per step: a chunk while generations decode (their next token waits for this step),
+        # the whole batch when nothing does (bigger sub-batches read the weights fewer times).
+        prompt_budget = min(engine.cfg.prefill_chunk_size, budget - len(decoders)) if decoders else budget
+        chunks = fair_shares([len(t.prompt) - t.fed for t in prefills], prompt_budget)
         room = budget - len(decoders) - sum(chunks)
         plan: list[tuple[Task, list[int]]] = []
         for t in decoders:
