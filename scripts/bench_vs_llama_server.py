@@ -48,22 +48,13 @@ from pathlib import Path
 
 import psutil
 
-from _bench import start_inference, stop
+from _bench import PLANNER_SYSTEM, PLANNER_TASKS, start_inference, stop
 from shared.client import Client, GenerateResult
 from shared.config import DEFAULT_MODEL_FILE, magnitude_home
 from magnitude.prompts import gemma_prompt
 
 REPO = Path(__file__).resolve().parent.parent
 
-SYSTEM = (
-    "You are the task planner of a household robot. You can use these tools: "
-    "move_to(room) moves the robot to a room; pick(object) picks up an object that is in reach; "
-    "place(object, location) puts a held object down; open(container) opens a door, drawer or fridge; "
-    "say(text) speaks to the user; look() describes what the camera sees; wait(seconds) pauses. "
-    "Rules: plan one step at a time, check the result of every step before the next, never hold more "
-    "than one object, keep the user informed, and stop when the task is complete. The house has a "
-    "kitchen, a living room, a bedroom, a bathroom and a hallway. The user is in the living room. "
-)
 #: Workload C's system prompt: tool definitions and few-shot lines, about 600 tokens, used nowhere else.
 SHARED_SYSTEM = "You are a warehouse robot's planner. Tools, one JSON object per call:\n" + "".join(
     f'{{"tool": "{name}", "description": "{what}", "args": {{"target": "string", "speed": "slow|fast"}}}}\n'
@@ -74,12 +65,10 @@ SHARED_SYSTEM = "You are a warehouse robot's planner. Tools, one JSON object per
 ) + "Examples:\n" + "".join(
     f"Task: move pallet {i} from shelf A{i} to dock {i % 3 + 1}. Plan: drive A{i}; scan; lift; drive dock "
     f"{i % 3 + 1}; lower; report done.\n" for i in range(1, 10))
-TASKS = ["bring a glass of water", "find the red book", "water the plants", "close every window",
-         "charge the vacuum", "fold the towels", "feed the cat", "check the front door"]
 
 
 def agent_history(agent: int) -> list[tuple[str, str]]:
-    return [("user", f"{SYSTEM * 3}\nTask: {TASKS[agent % len(TASKS)]}.")]
+    return [("user", f"{PLANNER_SYSTEM * 3}\nTask: {PLANNER_TASKS[agent % len(PLANNER_TASKS)]}.")]
 
 
 def next_turn(history: list[tuple[str, str]], step: int) -> list[tuple[str, str]]:
@@ -305,7 +294,7 @@ def workload_b(backend, args, agents: int) -> dict:
 
 
 def workload_c(backend, args) -> dict:
-    prompts = [gemma_prompt([("user", f"{SHARED_SYSTEM}\nTask: {TASKS[a]}.")]) for a in range(8)]
+    prompts = [gemma_prompt([("user", f"{SHARED_SYSTEM}\nTask: {PLANNER_TASKS[a]}.")]) for a in range(8)]
 
     def work() -> dict:
         samples: list[Sample | None] = [None] * 8

@@ -84,7 +84,6 @@ class Job:
     request: Request
     received_at: float
     started_at: float | None = None  # when a worker took it off the queue
-    answered: bool = False  # its final reply (ok or error) has gone
 
 
 class Service:
@@ -313,7 +312,12 @@ class Service:
         self.metrics.observe_request(msg_type, time.monotonic() - received_at, code)
         frontend.send_multipart(frames[1:])
         key = (session, request_id)
-        for header in self._inflight.pop(key, []):
+        retries = self._inflight.pop(key, None)
+        if retries is not None:  # the job's one final reply has gone: it stops counting as running
+            with self._running_lock:
+                self._running_jobs -= 1
+            self._jobs.task_done()
+        for header in retries or []:
             frontend.send_multipart(header + [payload])
         if kind == "ok" and len(payload) <= _REMEMBER_MAX_REPLY and key not in self._done:
             self._done[key] = payload
@@ -369,11 +373,7 @@ class Service:
         req = job.request
         bookkeeping = msgpack.packb([req.session, req.id, kind, req.type, job.received_at, code])
         out.send_multipart([bookkeeping] + job.header + [payload])
-        if kind != "event" and not job.answered:
-            job.answered = True
-            with self._running_lock:
-                self._running_jobs -= 1
-            self._jobs.task_done()
+        if kind != "event":
             self.telemetry.request_done(req.type, job.received_at, job.started_at, code)
 
     def fail(self, job: Job, out: zmq.Socket, exc: Exception) -> None:

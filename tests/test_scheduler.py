@@ -13,7 +13,7 @@ import pytest
 
 from magnitude.prompts import gemma_prompt
 from shared.client import Client, GenerateResult
-from tests.conftest import REPORT, ServiceProcess, make_config, require_model, write_config
+from tests.conftest import REPORT, ServiceProcess, make_config, require_model, running_inference, write_config
 
 pytestmark = pytest.mark.model
 
@@ -27,12 +27,9 @@ DOCUMENT = "Inventory log. " + " ".join(f"Shelf {i} holds {i * 7 % 13} pallets o
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
-    require_model()
-    home = tmp_path_factory.mktemp("sched", numbered=True)
-    config = make_config(home, n_ctx=2048, session_slots=4, prefill_chunk_size=32)
-    svc = ServiceProcess("inference", write_config(home, config), config).start()
-    yield svc
-    svc.stop()
+    with running_inference(tmp_path_factory.mktemp("sched", numbered=True), n_ctx=2048, session_slots=4,
+                           prefill_chunk_size=32) as svc:
+        yield svc
 
 
 @pytest.fixture
