@@ -105,7 +105,8 @@ class Timer:
 
 
 class CpuWatch:
-    """CPU used during a run by everything on the machine except this benchmark and the service under test.
+    """CPU used during a run by everything except this benchmark and the service under test (other processes,
+    and in a VM the time its host took: steal).
 
     On a shared box other people's jobs slow one side down and make its ratio meaningless; each run reports
     this, and a run above ``--max-foreign`` cores is repeated."""
@@ -117,7 +118,7 @@ class CpuWatch:
     @staticmethod
     def _busy() -> float:
         t = psutil.cpu_times()
-        return t.user + t.nice + t.system + t.irq + t.softirq
+        return t.user + t.nice + t.system + t.irq + t.softirq + t.steal  # steal: taken by the VM's host
 
     def _own(self) -> float:
         return sum(sum(p.cpu_times()[:2]) for p in self.procs)
@@ -138,7 +139,9 @@ class MagnitudeBackend:
 
     def start(self, slots: int) -> None:
         tag = f"m{time.monotonic_ns()}"
-        self.config, client = start_inference(self.home, tag, {
+        home = self.home / tag  # its own data folder: no sessions saved by an earlier run
+        home.mkdir()
+        self.config, client = start_inference(home, tag, {
             "session_slots": slots, "n_ctx": self.n_ctx, "n_threads": self.threads, "self_optimize": False})
         self.pid = client.health()["pid"]
         client.close()

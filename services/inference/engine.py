@@ -80,6 +80,7 @@ class Engine:
         self.n_vocab = self.model.n_vocab()
         self.cfg = cfg
         self.sessions_dir = sessions_dir
+        self.warmed = False
         self._batch = None
         self._open_context()
         self.drafter = (DraftModel(Engine(self._draft_config(cfg)), self.n_vocab)
@@ -127,14 +128,20 @@ class Engine:
         self.sessions = SessionTable(cfg.session_slots, cfg.session_cache_mb * 2**20, self, store,
                                      share_prefixes=cfg.prefix_sharing)
         self._state_bytes = llama_cpp.llama_state_get_size(self.ctx.ctx)
-        self._warm_up()
 
-    def _warm_up(self) -> None:
+    def warm_up(self) -> None:
         """One throwaway decode, as llama-server does at start: it pages the mapped weights in and runs the
-        kernels once, so the first request does not pay for that (about 0.3 s here)."""
-        vocab = self.model.vocab
-        self.decode([(0, 0, [llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab)], 1)])
-        self.clear_seq(0)
+        kernels once, so the first request does not pay for that (about 0.3 s here).
+
+        Call it from the thread that decodes, like every decode: llama.cpp's CPU backend runs on OpenMP, which
+        keeps a thread pool per calling thread, and once there are more OpenMP threads than CPUs it stops
+        spinning between parallel regions; a warm-up on the main thread made every later decode on the
+        worker thread 25-30% slower (scripts/bench_batch_shapes.py, docs/scheduler.md)."""
+        if not self.warmed:
+            vocab = self.model.vocab
+            self.decode([(0, 0, [llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab)], 1)])
+            self.clear_seq(0)
+            self.warmed = True
 
     def _close_context(self) -> None:
         if self._batch is not None:

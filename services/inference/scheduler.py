@@ -171,7 +171,7 @@ class Scheduler:
         self.running: list[Task] = []  # PREFILL and DECODE tasks
         #: Read by health from the I/O thread, so only ints, set by this loop (never iterate the queues there).
         self.counters = {"steps": 0, "mixed_steps": 0, "max_batch_seen": 0, "shared_prefix_tokens": 0,
-                         "waiting": 0, "prefill": 0, "decode": 0}
+                         "decode_s": 0.0, "waiting": 0, "prefill": 0, "decode": 0}
 
     @property
     def busy(self) -> bool:
@@ -181,13 +181,16 @@ class Scheduler:
         self.queue.append(Task(item) if isinstance(item, GenerationRequest) else item)
 
     def describe(self) -> dict[str, int]:
-        """Steps so far (``mixed_steps``: with prompt chunks and decodes together), the most generations decoded
-        in one step, KV tokens copied between sequences, and how many tasks are in each state now."""
-        return dict(self.counters)
+        """Steps so far (``mixed_steps``: with prompt chunks and decodes together; ``decode_s``: time inside
+        llama_decode), the most generations decoded in one step, KV tokens copied between sequences, and how
+        many tasks are in each state now."""
+        return {**self.counters, "decode_s": round(self.counters["decode_s"], 3)}
 
     def run(self, intake: Callable[[float], None], should_stop: Callable[[], bool]) -> None:
         """The loop: take new work (``intake(wait_s)``, which also beats the worker's heartbeat), admit, decode
         one batch per model; return once idle and ``should_stop()``."""
+        for engine in self.models.engines.values():
+            engine.warm_up()  # on this thread, which runs every decode (see Engine.warm_up)
         while True:
             intake(0.0 if self.running else 0.2)
             if not self.busy and should_stop():
@@ -240,6 +243,7 @@ class Scheduler:
         except FileNotFoundError as exc:
             return self._fail(task, ProtocolError(ErrorCode.NOT_FOUND, str(exc)))
         try:
+            engine.warm_up()  # a model loaded since the loop started
             if task.engine is not engine:  # first try, or its model was reloaded meanwhile
                 task.engine, task.load_ms = engine, task.load_ms + load_ms
                 task.model = next(name for name, e in self.models.engines.items() if e is engine)
@@ -289,6 +293,7 @@ class Scheduler:
         rows = [(t.slot.seq_id, len(t.slot.tokens), tokens,
                  len(tokens) if t.state is State.DECODE else int(t.fed + len(tokens) == len(t.prompt)))
                 for t, tokens in plan]
+        t0 = time.perf_counter()
         try:
             firsts = engine.decode(rows)
         except Exception as exc:  # the batch's KV is in an unknown state: its tasks fail, their slots are cleared
@@ -298,6 +303,7 @@ class Scheduler:
                 self._fail(t, exc)
             return
         c = self.counters
+        c["decode_s"] += time.perf_counter() - t0
         c["steps"] += 1
         c["mixed_steps"] += bool(decoders) and len(plan) > len(decoders)
         c["max_batch_seen"] = max(c["max_batch_seen"], len(decoders))
