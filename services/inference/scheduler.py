@@ -115,6 +115,7 @@ class Task:
     drafted: int = 0  # speculative draft tokens proposed
     accepted: int = 0  # ... and confirmed by the model
     peak_batch: int = 0  # most generations decoded in one step together with this one (itself included)
+    last_step: int = 0  # the step that last decoded its token
     ttft: float | None = None
     t_prefill: float = 0.0
     prefill_s: float = 0.0
@@ -276,7 +277,8 @@ class Scheduler:
     def _step(self, engine: Engine, tasks: list[Task]) -> None:
         """Build this model's batch (decode tokens, drafts, prompt chunks), decode it once, consume the logits."""
         budget = engine.cfg.max_batch_size
-        decoders = [t for t in tasks if t.state is State.DECODE][:budget]
+        # More generations than batch cells (session_slots > max_batch_size): the longest-waiting ones first.
+        decoders = sorted((t for t in tasks if t.state is State.DECODE), key=lambda t: t.last_step)[:budget]
         prefills = [t for t in tasks if t.state is State.PREFILL]
         # Prompt tokens per step: a chunk while generations decode (their next token waits for this step),
         # the whole batch when nothing does (bigger sub-batches read the weights fewer times).
@@ -305,6 +307,8 @@ class Scheduler:
         c = self.counters
         c["decode_s"] += time.perf_counter() - t0
         c["steps"] += 1
+        for t in decoders:
+            t.last_step = c["steps"]
         c["mixed_steps"] += bool(decoders) and len(plan) > len(decoders)
         c["max_batch_seen"] = max(c["max_batch_seen"], len(decoders))
         for (t, tokens), first in zip(plan, firsts):
