@@ -13,6 +13,20 @@ from shared.client import Client  # noqa: E402
 from shared.config import Config, dump_config, parse_config  # noqa: E402
 
 
+#: An agent's system prompt (a household robot's planner) and tasks, for the benchmarks that step agents.
+PLANNER_SYSTEM = (
+    "You are the task planner of a household robot. You can use these tools: "
+    "move_to(room) moves the robot to a room; pick(object) picks up an object that is in reach; "
+    "place(object, location) puts a held object down; open(container) opens a door, drawer or fridge; "
+    "say(text) speaks to the user; look() describes what the camera sees; wait(seconds) pauses. "
+    "Rules: plan one step at a time, check the result of every step before the next, never hold more "
+    "than one object, keep the user informed, and stop when the task is complete. The house has a "
+    "kitchen, a living room, a bedroom, a bathroom and a hallway. The user is in the living room. "
+)
+PLANNER_TASKS = ["bring a glass of water", "find the red book", "water the plants", "close every window",
+                 "charge the vacuum", "fold the towels", "feed the cat", "check the front door"]
+
+
 def start_inference(home: Path, tag: str, engine: dict, timeout_s: float = 300) -> tuple[Config, Client]:
     """Start ``services.inference`` with these engine settings under ``home``; stop it with ``stop``."""
     config = parse_config({"engine": engine,

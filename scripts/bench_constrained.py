@@ -34,8 +34,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: E402
 from services.inference.chat import Conversations  # noqa: E402
-from services.inference.constraint import Constraint, LlamaGrammar  # noqa: E402
-from services.inference.engine import Engine, GenerateParams  # noqa: E402
+from services.inference.constraint import Constraint, LlamaGrammar, gbnf_constraint  # noqa: E402
+from services.inference.scheduler import GenerateParams, Scheduler  # noqa: E402
 from shared import catalog  # noqa: E402
 from shared.config import parse_config  # noqa: E402
 
@@ -96,8 +96,9 @@ def _median(values: list[float]) -> float:
 
 
 def magnitude_rows(model_path: Path, reps: int, max_tokens: int, workloads: list[str]) -> dict[str, dict]:
-    engine = Engine(parse_config({"engine": {"model_path": str(model_path), "n_ctx": 4096,
-                                             "session_slots": 1}}).engine)
+    scheduler = Scheduler.of_one_model(parse_config({"engine": {"model_path": str(model_path), "n_ctx": 4096,
+                                                                "session_slots": 1}}).engine)
+    engine = scheduler.models.get(None)[0]
     conversations = Conversations()
     clock = ConstraintClock()
     out = {}
@@ -111,11 +112,13 @@ def magnitude_rows(model_path: Path, reps: int, max_tokens: int, workloads: list
                     clock.seconds = 0.0
                     if name == ACTION:
                         prompt = ACTION_PROMPT
-                        params.grammar = ACTION_GRAMMAR if mode == "constrained" else None
+                        constraint = ((lambda e: gbnf_constraint(ACTION_GRAMMAR, e.model))
+                                      if mode == "constrained" else None)
                     else:  # a fresh turn each run: a constraint's state is one generation's
                         body = CHAT_WORKLOADS[name][0 if mode == "constrained" else 1]
-                        prompt = conversations.begin(body, None, engine, "default", params, None).prompt
-                    result = engine.generate(prompt, None, params)
+                        turn = conversations.begin(body, None, engine, "default", None)
+                        prompt, constraint = turn.prompt, (lambda e, turn=turn: turn.constraint)
+                    result = scheduler.complete(prompt, params, constraint=constraint)
                     if result["decode_tps"]:
                         tps[mode].append(result["decode_tps"])
                     if mode == "constrained":
@@ -126,7 +129,7 @@ def magnitude_rows(model_path: Path, reps: int, max_tokens: int, workloads: list
                          "us_per_token": round(1e6 * statistics.median(overhead)) if overhead else 0}
             print(f"magnitude  {name}: {out[name]}", file=sys.stderr, flush=True)
     finally:
-        engine.close()
+        scheduler.models.close()
     return out
 
 

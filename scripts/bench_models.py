@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from services.inference.chat import Conversations  # noqa: E402
-from services.inference.engine import Engine, GenerateParams  # noqa: E402
+from services.inference.scheduler import GenerateParams, Scheduler  # noqa: E402
 from shared import catalog  # noqa: E402
 from shared.config import parse_config  # noqa: E402
 from shared.protocol import ProtocolError  # noqa: E402
@@ -40,18 +40,19 @@ MESSAGES = [{"role": "system", "content": "You are the planner of a household ro
 def measure(name: str, reps: int, max_tokens: int) -> dict:
     model = catalog.get(name)
     t0 = time.perf_counter()
-    engine = Engine(parse_config({"engine": {"model_path": str(model.path()), "n_ctx": 4096,
-                                             "session_slots": 1}}).engine)
+    scheduler = Scheduler.of_one_model(parse_config({"engine": {"model_path": str(model.path()), "n_ctx": 4096,
+                                                                "session_slots": 1}}).engine)
+    engine = scheduler.models.get(None)[0]
     load_s = time.perf_counter() - t0
     try:
         try:
             prompt = Conversations().begin({"messages": MESSAGES, "tools": TOOLS, "tool_choice": "none"}, None,
-                                           engine, name, GenerateParams(), None).prompt
+                                           engine, name, None).prompt
         except ProtocolError:  # a base model: the same words as a plain prompt
             prompt = "\n".join(m["content"] for m in MESSAGES) + "\n"
-        runs = [engine.generate(prompt, None, GenerateParams(max_tokens=max_tokens)) for _ in range(reps)]
+        runs = [scheduler.complete(prompt, GenerateParams(max_tokens=max_tokens)) for _ in range(reps)]
     finally:
-        engine.close()
+        scheduler.models.close()
     return {"load_s": round(load_s, 2), "prompt": runs[0]["prompt_tokens"],
             "prefill": statistics.median(r["prefill_tps"] for r in runs),
             "decode": statistics.median(r["decode_tps"] for r in runs),

@@ -23,20 +23,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _bench import start_inference, stop
+from _bench import PLANNER_SYSTEM, PLANNER_TASKS, start_inference, stop
 from shared.client import Client
 from magnitude.prompts import gemma_prompt
 
-SYSTEM = (
-    "You are the task planner of a household robot. You can use these tools: "
-    "move_to(room) moves the robot to a room; pick(object) picks up an object that is in reach; "
-    "place(object, location) puts a held object down; open(container) opens a door, drawer or fridge; "
-    "say(text) speaks to the user; look() describes what the camera sees; wait(seconds) pauses. "
-    "Rules: plan one step at a time, check the result of every step before the next, never hold more "
-    "than one object, keep the user informed, and stop when the task is complete. The house has a "
-    "kitchen, a living room, a bedroom, a bathroom and a hallway. The user is in the living room. "
-) * 3
-TASKS = ["bring a glass of water", "find the red book", "water the plants", "close every window"]
+SYSTEM = PLANNER_SYSTEM * 3
+TASKS = PLANNER_TASKS[:4]
 
 
 def conversation_step(history: list[tuple[str, str]], step: int) -> list[tuple[str, str]]:

@@ -44,7 +44,7 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from magnitude import launcher  # noqa: E402
 from magnitude.agent import Agent, Trace  # noqa: E402
 from services.retrieval.store import MemoryStore  # noqa: E402
-from shared import process  # noqa: E402
+from shared import catalog, process  # noqa: E402
 from shared.client import Client, Retry, ServiceError  # noqa: E402
 from shared.config import (DEFAULT_EMBEDDING_MODEL_FILE, SERVICE_NAMES,  # noqa: E402
                            WATCHDOG_NAME, dump_config, magnitude_home, parse_config)
@@ -101,11 +101,10 @@ def _code(text: str | None) -> str | None:
 
 def count_trace(trace: Trace, tally: Tally) -> None:
     steps = trace.steps
-    generates = sum(2 + s.retried for s in steps)
-    tool_calls = sum(1 for s in steps if s.action is not None and s.action.get("tool") != "final_answer")
-    tally.add(agent_runs=1, **{f"agent_{trace.stopped}": 1}, requests=1 + generates + tool_calls,
+    tool_calls = sum(len(s.calls) for s in steps)  # one chat request per step, one tool.call per call
+    tally.add(agent_runs=1, **{f"agent_{trace.stopped}": 1}, requests=1 + len(steps) + tool_calls,
               agent_steps=len(steps), tool_calls=tool_calls)
-    for text in [trace.error, *(s.error for s in steps)]:
+    for text in [trace.error, *(c.error for s in steps for c in s.calls)]:
         code = _code(text)
         if code:
             tally.error(code)
@@ -191,7 +190,8 @@ def wait_healthy(config, timeout_s: float) -> bool:
 def make_config(home: Path):
     models = magnitude_home() / "models"
     return parse_config({
-        "engine": {"model_path": str(catalog.get(catalog.TEST_CHAT_MODEL).path(models)), "n_ctx": 2048, "session_slots": 4},
+        "engine": {"model_path": str(catalog.get(catalog.TEST_CHAT_MODEL).path(models)), "n_ctx": 2048,
+                   "session_slots": 4},
         "memory": {"embedding_model_path": str(models / DEFAULT_EMBEDDING_MODEL_FILE)},
         "agent": {"tools": [{"name": "calculator"}], "max_step_tokens": 96},
         "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data"), "queue_size": 64},

@@ -12,8 +12,9 @@ Each input is one of:
   and given to the real handler of a real service object built in this process: tools (built-ins),
   optimizer (feedback, telemetry, strategy; its sample intake drained into the real policy),
   retrieval (a real sqlite-vec store; embeddings faked), embedding (validation and the shm reply;
-  the model faked), inference (the real model loaded: control messages, tokenize, sessions, and
-  ``generate``'s validation: prompt/shm, parameters, grammar limits). Shell templates are filled
+  the model faked), inference (the test instruct model loaded: control messages, tokenize, sessions,
+  ``generate``'s validation: prompt/shm, parameters, grammar limits, and ``chat``'s: messages, tools
+  and schemas rendered with the model's template into a constraint). Shell templates are filled
   with the fuzzed args too.
 
 The oracle: an input may be answered or refused with a typed ``ProtocolError``; any other exception
@@ -43,7 +44,7 @@ with atheris.instrument_imports(include=["shared", "services"]):
     from services.optimizer.service import OptimizerService
     from services.retrieval.service import RetrievalService
     from services.tools.service import ToolService, shell_argv
-    from shared import grammar, shm
+    from shared import catalog, grammar, shm
     from shared.config import KNOBS, parse_config
     from shared.protocol import MESSAGES, ProtocolError, decode_reply, decode_request, encode_request
     from shared.service import Emitter
@@ -107,10 +108,11 @@ class FakeEmbedder:
     dim = 384
     model_path = Path("fake.gguf")
 
-    def embed(self, texts: list[str]) -> np.ndarray:
+    def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        """As ``Embedder.embed``: the vectors and the tokens they came from."""
         rng = np.random.default_rng(abs(hash(tuple(texts))) % 2**32)
         vectors = rng.standard_normal((len(texts), self.dim)).astype(np.float32)
-        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True), sum(len(t.split()) for t in texts)
 
     def close(self) -> None:
         pass
@@ -125,14 +127,15 @@ class Services:
         config = parse_config({
             "agent": {"tools": [{"name": "calculator"}, {"name": "file_reader"}, {"name": "memory_search"}],
                       "file_roots": [str(home / "files")]},
-            "engine": {"n_ctx": 512, "session_slots": 2, "self_optimize": False},
+            "engine": {"model_path": str(catalog.get(catalog.TEST_CHAT_MODEL).path()), "n_ctx": 512,
+                       "session_slots": 2, "self_optimize": False},
             "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data"), "log_level": "error"},
             "metrics": {"enabled": False}})
         self.inference = InferenceService(config)
         with mock.patch("services.embedding.service.Embedder", lambda config: FakeEmbedder()):
             self.embedding = EmbeddingService(config)
         self.retrieval = RetrievalService(config)
-        self.retrieval._embed = FakeEmbedder().embed
+        self.retrieval._embed = lambda texts: FakeEmbedder().embed(texts)[0]
         self.tools = ToolService(config)
         self.optimizer = OptimizerService(config)
         self.by_name = {s.name: s for s in (self.inference, self.embedding, self.retrieval, self.tools,
@@ -145,16 +148,19 @@ class Services:
     def handle(self, req) -> None:
         service = self.by_name[MESSAGES[req.type].service]
         emit = Emitter(lambda kind, body: None)
-        if req.type == "generate":  # the scheduler's validation, before an engine sees the request
+        if req.type in ("generate", "chat"):  # the validation before the scheduler decodes anything
             try:
-                self.inference.models.get(req.body.get("model"))
+                engine = self.inference.models.get(req.body.get("model"))[0]
             except FileNotFoundError as exc:
                 raise _not_found(exc)
-            prompt = self.inference._prompt(req)
             self.inference._params(req.body)
-            if req.body.get("grammar"):
-                grammar.check_grammar(req.body["grammar"])
-            self.inference.engine.tokenize(prompt[:2000])
+            if req.type == "chat":  # the model's template renders it; its tools and schemas become a constraint
+                self.inference.conversations.begin(req.body, req.session, engine, "default", None)
+            else:
+                prompt = self.inference._prompt(req)
+                if req.body.get("grammar"):
+                    grammar.check_grammar(req.body["grammar"])
+                engine.tokenize(prompt[:2000])
         elif req.type in getattr(service, "_control", {}):
             try:
                 service._control[req.type](req)

@@ -93,6 +93,7 @@ _GENERATION = {
     "stop": Field(list, max_len=16),
     "stream": Field(bool),
     "model": Field(str, max_len=64),
+    "cache_prompt": Field(bool),
 }
 
 MESSAGES: dict[str, MessageSpec] = {

@@ -334,7 +334,11 @@ class Service:
         self._account(msg_type, received_at, code, started_at)
         frontend.send_multipart(frames[1:])
         key = (session, request_id)
-        for header in self._inflight.pop(key, []):
+        retries = self._inflight.pop(key, None)
+        if retries is not None:  # the job's one final reply has gone: it stops counting as running
+            with self._running_lock:
+                self._running_jobs -= 1
+        for header in retries or []:
             frontend.send_multipart(header + [payload])
         if kind == "ok" and len(payload) <= _REMEMBER_MAX_REPLY and key not in self._done:
             self._done[key] = payload
@@ -353,12 +357,15 @@ class Service:
             out.close(linger=1000)
 
     def next_job(self, timeout_s: float | None) -> Job | None:
-        """The next queued request (waiting up to ``timeout_s``; None = don't wait), or None. Beats first."""
+        """The next queued request (waiting up to ``timeout_s``; None or 0 = don't wait), or None. Beats first.
+        From here until its final reply the job counts as running."""
         self.beat()
         try:
             job = self._jobs.get(timeout=timeout_s) if timeout_s else self._jobs.get_nowait()
         except queue.Empty:
             return None
+        with self._running_lock:
+            self._running_jobs += 1
         job.started_at = self._beats[threading.current_thread().name] = time.monotonic()
         return job
 
@@ -366,6 +373,7 @@ class Service:
         return self._stopping.is_set() and self._jobs.empty()
 
     def set_running(self, n: int) -> None:
+        """For a service whose work does not come through the queue (the gateway's HTTP requests)."""
         with self._running_lock:
             self._running_jobs = n
 
@@ -377,13 +385,7 @@ class Service:
                 if self.idle_and_stopping():
                     return
                 continue
-            with self._running_lock:
-                self._running_jobs += 1
-            try:
-                self.run_job(job, out)
-            finally:
-                with self._running_lock:
-                    self._running_jobs -= 1
+            self.run_job(job, out)
 
     def replier(self, job: Job, out: zmq.Socket) -> Callable[[str, dict], None]:
         """``send(kind, body)`` for one job: ``event``/``ok`` frames back to its client."""

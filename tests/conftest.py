@@ -8,7 +8,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -114,6 +116,18 @@ class ServiceProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+@contextmanager
+def running_inference(home: Path, **engine) -> Iterator[ServiceProcess]:
+    """A real inference service process with these engine settings (over ``make_config``'s), stopped after."""
+    require_model()
+    config = make_config(home, **engine)
+    svc = ServiceProcess("inference", write_config(home, config), config).start()
+    try:
+        yield svc
+    finally:
+        svc.stop()
 
 
 @pytest.fixture(scope="session")

@@ -9,15 +9,16 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, REPORT, require_model
+from tests.conftest import CHAT_MODEL_PATH, REPO, REPORT, require_model
 
 pytestmark = pytest.mark.model
 
 
 def test_two_minutes_of_chaos_lose_nothing_and_hang_nothing():
-    require_model()
+    require_model(CHAT_MODEL_PATH)  # its agents chat with an instruct model
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "chaos.py"), "--minutes", "2", "--json",
                            "--seed", "16"], capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert done.stdout.strip(), f"chaos.py printed no result (exit {done.returncode}):\n{done.stderr[-3000:]}"
     result = json.loads(done.stdout.strip().splitlines()[-1])
     shutil.rmtree(result["home"], ignore_errors=True)
     REPORT.append("chaos (2 min): " + json.dumps({k: v for k, v in result.items() if k != "home"}))

@@ -11,7 +11,7 @@ import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from services.inference.chat import Conversations
-from services.inference.engine import Engine, GenerateParams
+from services.inference.engine import Engine
 from shared.client import Client, ServiceError
 from tests.conftest import CHAT_MODEL_PATH, MODEL_PATH, ServiceProcess, make_config, require_model, write_config
 
@@ -51,8 +51,7 @@ def engine(run_home):
 
 
 def _prompt(engine: Engine, messages: list[dict], tools: list | None = None) -> list[int]:
-    return Conversations().begin({"messages": messages, "tools": tools}, None, engine, "default",
-                                 GenerateParams(), None).prompt
+    return Conversations().begin({"messages": messages, "tools": tools}, None, engine, "default", None).prompt
 
 
 def _reference_render(engine: Engine, messages: list[dict], tools: list) -> str:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, make_config, require_model, write_config
+from tests.conftest import CHAT_MODEL_PATH, REPO, make_config, require_model, write_config
 
 pytestmark = pytest.mark.model
 
@@ -19,9 +19,9 @@ def magnitude(config_path, *args, timeout=180):
 
 
 def test_up_health_generate_down(tmp_path_factory):
-    require_model()
+    require_model(CHAT_MODEL_PATH)  # an instruct model, as the default agent model is: `generate --chat` needs one
     home = tmp_path_factory.mktemp("l", numbered=True)
-    config = make_config(home)
+    config = make_config(home, model_path=str(CHAT_MODEL_PATH))
     # Even a config that says docker (or auto on a box that is a container with a docker socket) must
     # not make the launcher's watchdog look for containers: `magnitude up` passes the local backend.
     config.watchdog.backend = "docker"

@@ -1,11 +1,14 @@
+"""Session slots bookkeeping (SessionTable) with fake KV: reuse, parking, disk, shared prefixes."""
+
 import pytest
 
-from services.inference.sessions import SessionTable
+from services.inference.session_store import SessionStore
+from services.inference.sessions import MIN_SHARED_TOKENS, SessionTable, common_prefix_len
 from shared.protocol import ProtocolError
 
 
 class FakeKv:
-    """Records KV operations; a parked state is the token list encoded as bytes."""
+    """Records KV operations; a saved state is the token list encoded as bytes."""
 
     def __init__(self):
         self.seqs = {}
@@ -23,22 +26,43 @@ class FakeKv:
     def clear_seq(self, seq_id):
         self.seqs[seq_id] = []
 
+    def trim_seq(self, seq_id, keep):
+        self.seqs[seq_id] = self.seqs.get(seq_id, [])[:keep]
+
 
 def use(table, kv, session, tokens):
-    got = table.acquire(session)
+    """One request of ``session`` whose prompt is ``tokens``: acquire, 'prefill' everything, release."""
+    got = table.acquire(session, tokens)
     got.slot.tokens = list(tokens)
     kv.seqs[got.slot.seq_id] = list(tokens)
     table.release(got.slot)
     return got
 
 
-def test_same_session_stays_resident():
+LONG = list(range(1, 40))  # longer than MIN_SHARED_TOKENS
+
+
+def test_common_prefix_len_across_its_64_token_blocks():
+    a = list(range(200))
+    assert common_prefix_len(a, a) == 200 and common_prefix_len(a, a[:70]) == 70
+    assert common_prefix_len(a, a[:130] + [-1] + a[131:]) == 130 and common_prefix_len([], a) == 0
+
+
+def test_same_session_stays_resident_and_keeps_its_prefix():
     kv = FakeKv()
     t = SessionTable(2, 1 << 20, kv)
     assert use(t, kv, "a", [1, 2]).source == "cold"
-    got = t.acquire("a")
-    assert got.source == "resident" and got.slot.tokens == [1, 2]
+    got = t.acquire("a", [1, 2, 3])
+    assert got.source == "resident" and got.cached == 2 and got.slot.tokens == [1, 2]
     t.release(got.slot)
+
+
+def test_the_last_prompt_token_is_always_evaluated_again():
+    kv = FakeKv()
+    t = SessionTable(1, 1 << 20, kv)
+    use(t, kv, "a", [1, 2, 3])
+    got = t.acquire("a", [1, 2, 3])  # the same prompt: its last token must be decoded for fresh logits
+    assert got.cached == 2 and kv.seqs[got.slot.seq_id] == [1, 2]
 
 
 def test_lru_session_is_parked_and_restored():
@@ -48,8 +72,8 @@ def test_lru_session_is_parked_and_restored():
     use(t, kv, "b", [4, 5])
     use(t, kv, "c", [6])  # evicts a (least recently used)
     assert t.describe("a")["session"] == {"where": "parked", "tokens": 3} and ("save", 0) in kv.ops
-    got = t.acquire("a")  # evicts b, restores a
-    assert got.source == "restored" and got.slot.tokens == [1, 2, 3]
+    got = t.acquire("a", [1, 2, 3, 7])  # evicts b, restores a
+    assert got.source == "restored" and got.cached == 3 and got.slot.tokens == [1, 2, 3]
     assert t.describe("a")["session"]["where"] == "resident" and t.describe("c")["session"]["where"] == "resident"
     assert t.describe("b")["session"]["where"] == "parked" and t.describe(None)["parked"] == 1
 
@@ -62,34 +86,101 @@ def test_park_budget_evicts_oldest():
     use(t, kv, "c", [7])
     assert t.describe("b")["session"]["where"] == "parked" and t.describe(None)["parked"] == 1
     assert t.parked_bytes <= 45
-    assert t.acquire("a").source == "cold"
+    assert t.acquire("a", [1, 2, 3]).source == "cold"
 
 
-def test_stateless_requests_are_always_cold():
+def test_a_new_session_copies_a_shared_prefix_from_another_sequence():
+    kv = FakeKv()
+    t = SessionTable(2, 1 << 20, kv)
+    use(t, kv, "a", LONG + [100, 101])
+    got = t.acquire("b", LONG + [200])
+    assert got.source == "shared" and got.cached == got.shared == len(LONG)
+    assert kv.seqs[got.slot.seq_id] == LONG and ("save", 0) in kv.ops  # copied, then the tail trimmed
+    assert t.describe("a")["session"] == {"where": "resident", "tokens": len(LONG) + 2}  # the donor is untouched
+
+
+def test_short_overlaps_are_not_worth_a_copy_and_reuse_can_be_refused():
+    kv = FakeKv()
+    t = SessionTable(2, 1 << 20, kv)
+    use(t, kv, "a", LONG)
+    short = t.acquire("b", LONG[:MIN_SHARED_TOKENS - 2] + [999])
+    assert short.source == "cold" and short.cached == 0
+    t.release(short.slot)
+    refused = t.acquire("c", LONG + [5], reuse=False)  # parks the least recently used idle session first
+    assert refused.cached == 0 and kv.seqs[refused.slot.seq_id] == []
+
+
+def test_a_request_without_session_reuses_a_free_slots_leftover_kv():
+    kv = FakeKv()
+    t = SessionTable(2, 1 << 20, kv)
+    use(t, kv, None, LONG + [1])
+    got = t.acquire(None, LONG + [2])
+    assert got.source == "shared" and got.cached == len(LONG) and ("save", 0) not in kv.ops  # same slot: no copy
+
+
+def test_waiting_for_a_prefix_that_is_being_prefilled():
+    kv = FakeKv()
+    t = SessionTable(3, 1 << 20, kv)
+    leader = t.acquire("a", LONG + [1])
+    leader.slot.planned = LONG + [1]
+    assert t.worth_waiting(LONG + [2])  # the leader will hold 39 shared tokens soon; nothing holds them now
+    assert not t.worth_waiting(list(range(500, 540)))  # nothing in common
+    leader.slot.tokens = list(LONG)  # the prefix is in
+    assert not t.worth_waiting(LONG + [2])
+
+
+def test_the_donor_is_not_parked_to_make_room():
+    kv = FakeKv()
+    t = SessionTable(2, 1 << 20, kv)
+    use(t, kv, "donor", LONG + [1])  # least recently used
+    use(t, kv, "other", [7, 8, 9])
+    got = t.acquire("new", LONG + [2])
+    assert got.source == "shared" and t.describe("other")["session"]["where"] == "parked"
+    assert t.describe("donor")["session"]["where"] == "resident"
+
+
+def test_stateless_requests_without_a_shared_prefix_are_cold():
     kv = FakeKv()
     t = SessionTable(2, 1 << 20, kv)
     use(t, kv, None, [1, 2])
-    assert t.acquire(None).source == "cold" and t.acquire(None).slot.tokens == []
+    got = t.acquire(None, [3, 4])
+    assert got.source == "cold" and got.cached == 0 and got.slot.tokens == []
 
 
-def test_drop_forgets_everywhere():
+def test_drop_forgets_everywhere(tmp_path):
     kv = FakeKv()
-    t = SessionTable(1, 1 << 20, kv)
+    store = SessionStore(tmp_path, {"model": "m"}, 1 << 20)
+    t = SessionTable(1, 1 << 20, kv, store)
     use(t, kv, "a", [1])
     use(t, kv, "b", [2])
-    assert t.drop("a") and t.drop("b") and not t.drop("a")
+    t.persist()
+    assert store.has("b") and t.describe("a")["session"]["where"] == "parked"
+    assert t.drop("a") and t.drop("b") and not t.drop("a") and not store.has("b")
     assert t.describe(None)["resident"] == 0 and t.describe(None)["parked"] == 0
+
+
+def test_sessions_saved_on_drain_come_back_from_disk(tmp_path):
+    kv = FakeKv()
+    t = SessionTable(1, 1 << 20, kv, SessionStore(tmp_path, {"model": "m"}, 1 << 20))
+    use(t, kv, "a", [1, 2, 3])
+    use(t, kv, "b", [4, 5])  # parks a
+    assert t.persist() == 2
+    fresh_kv = FakeKv()  # a new process: nothing resident, nothing parked
+    fresh = SessionTable(1, 1 << 20, fresh_kv, SessionStore(tmp_path, {"model": "m"}, 1 << 20))
+    assert fresh.describe("a")["session"]["where"] == "disk"
+    got = fresh.acquire("a", [1, 2, 3, 9])
+    assert got.source == "disk" and got.cached == 3 and fresh_kv.seqs[got.slot.seq_id] == [1, 2, 3]
 
 
 def test_busy_slots_are_never_taken_or_parked():
     kv = FakeKv()
     t = SessionTable(2, 1 << 20, kv)
-    a = t.acquire("a")  # generating
+    a = t.acquire("a", [1])  # generating
     use(t, kv, "b", [4])
     assert not t.can_admit("a")  # a's own slot is busy: a second request of a must wait
     use(t, kv, "c", [5])  # evicts idle b, never busy a
     assert a.slot.session == "a" and t.describe("b")["session"]["where"] == "parked"
-    t.acquire("c")
+    t.acquire("c", [5])
     assert not t.can_admit("d") and not t.can_admit(None)
     with pytest.raises(ProtocolError):
-        t.acquire("d")
+        t.acquire("d", [1])

@@ -31,7 +31,7 @@ import llama_cpp
 
 from services.inference.chat_template import ChatTemplate, Segment, TemplateError
 from services.inference.constraint import Constraint, check_schema, vocabulary
-from services.inference.engine import Engine, GenerateParams
+from services.inference.engine import Engine
 from services.inference.tool_calls import (OPEN, Tool, ToolCall, answer_or_calls_grammar, scan, tagged_grammar,
                                            tool_table, triggers)
 from shared.protocol import ErrorCode, ProtocolError
@@ -349,9 +349,9 @@ class Conversations:
     def forget(self, session: str) -> None:
         self._last.pop(session, None)
 
-    def begin(self, body: dict, session: str | None, engine: Engine, model_name: str, params: GenerateParams,
+    def begin(self, body: dict, session: str | None, engine: Engine, model_name: str,
               emit: Callable[[dict], None] | None) -> ChatTurn:
-        """The hook: a chat request as prompt tokens, ``params.constraint`` set, and the turn that finishes it."""
+        """The hook: a chat request as prompt tokens and a constraint, in the turn that finishes it."""
         messages = _messages(body.get("messages"))
         tools = tool_table(body["tools"]) if body.get("tools") else {}
         choice, named = _tool_choice(body.get("tool_choice"), tools)
@@ -382,10 +382,10 @@ class Conversations:
             prompt = self._continuation(last, keys, shown, shown_tools, cm, segments, prompt_text)
         if prompt is None:
             prompt = cm.tokenize(segments)
-        params.constraint = self._constraint(engine, tools, choice, named, schema)
+        constraint = self._constraint(engine, tools, choice, named, schema)
         request = {"tools": tools_key, "messages": keys, "prompt_text": prompt_text,
                    "prompt_tokens": array("i", prompt)}
-        return ChatTurn(self, session, model_name, cm, prompt, params.constraint, request, tools,
+        return ChatTurn(self, session, model_name, cm, prompt, constraint, request, tools,
                         choice != "none" and bool(tools), emit)
 
     @staticmethod

@@ -9,7 +9,7 @@
   context and evaluates only what changed since its last proposal, so each token
   costs it one small decode.
 
-The target model checks every draft in its next decode step (``Engine.step``).
+The target model checks every draft in its next decode step (``scheduler.Scheduler``).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class DraftModel:
         keep = min(common_prefix_len(mirror, history), len(history) - 1)  # re-evaluate at least the last token
         llama_cpp.llama_memory_seq_rm(engine.ctx.memory, seq_id, keep, -1)
         del mirror[keep:]
-        engine._decode(history[keep:], keep, seq_id)
+        engine.evaluate(history[keep:], keep, seq_id)
         mirror.extend(history[keep:])
         drafts: list[int] = []
         n_vocab = engine.model.n_vocab()
@@ -65,7 +65,7 @@ class DraftModel:
                 break
             drafts.append(token)
             if len(drafts) < k:
-                engine._decode([token], len(mirror), seq_id)
+                engine.evaluate([token], len(mirror), seq_id)
                 mirror.append(token)
         return drafts
 

@@ -1,9 +1,13 @@
-"""Chat inference on llama.cpp through llama-cpp-python's low-level API.
+"""A thin wrapper of one llama.cpp model and its context, through llama-cpp-python's low-level API.
 
-One model, one context with ``session_slots`` sequences (per-sequence KV, like
-llama.cpp's server slots). For each request the engine finds the longest prefix
-of the new prompt already in the session's sequence, removes the rest of that
-sequence, prefills only the new tokens in chunks, then samples token by token.
+The context holds ``session_slots`` sequences, each with its own KV cells (``kv_unified`` off): a sequence
+attends over its own cells only, so a step's cost does not grow with the other sessions' contexts (with one
+unified buffer every token attended over all of them: 8 sequences of 700 tokens decoded 1.6x slower and a
+256-token prompt chunk prefilled 2x slower, see docs/scheduler.md). Gemma 3's sliding-window layers get a
+full-size cache (``swa_full``) so any prefix stays reusable.
+
+What runs on it, and when, is the scheduler's business (``scheduler.py``): this module only evaluates a batch
+of rows (``decode``), moves a sequence's KV in and out, tokenizes, and knows its settings.
 """
 
 from __future__ import annotations
@@ -13,9 +17,7 @@ import hashlib
 import json
 import os
 import threading
-import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from pathlib import Path
 
 import llama_cpp
 import psutil
@@ -23,10 +25,9 @@ from llama_cpp import _internals
 
 from shared.config import KNOBS, REBUILD_KNOBS, EngineConfig
 from shared.protocol import ErrorCode, ProtocolError
-from services.inference.sampling import TokenSampler
-from services.inference.drafting import DraftModel, prompt_lookup
-from services.inference.sessions import Acquired, SessionTable, Slot, common_prefix_len
-from services.inference.text_stream import TextStream
+from services.inference.drafting import DraftModel
+from services.inference.session_store import SessionStore
+from services.inference.sessions import SessionTable
 
 _KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 
@@ -60,20 +61,13 @@ def _init_backend() -> None:
             _backend_ready = True
 
 
-@dataclass
-class GenerateParams:
-    max_tokens: int = 256
-    temperature: float = 0.0
-    top_p: float = 0.95
-    top_k: int = 40
-    seed: int = 0
-    stop: list[str] = field(default_factory=list)
-    grammar: str | None = None
-    constraint: Any = None  # a services.inference.constraint.Constraint (chat: tool calls, response_format)
+#: One row of a batch: (sequence id, position of its first token, its tokens, how many of its last tokens need logits).
+Row = tuple[int, int, list[int], int]
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig):
+    def __init__(self, cfg: EngineConfig, sessions_dir: Path | None = None):
+        """``sessions_dir``: where sessions are saved on drain (None: not saved, e.g. a draft model)."""
         _init_backend()
         path = cfg.resolved_model_path()
         if not path.is_file():
@@ -83,11 +77,13 @@ class Engine:
         mparams.use_mmap = True  # weights stay in the page cache, shared by every process mapping the file
         self.model = _internals.LlamaModel(path_model=str(path), params=mparams, verbose=False)
         self.model_name = self.model.metadata().get("general.name", path.stem)
-        self.max_batch_seen = 0  # most generations decoded in one step so far
+        self.n_vocab = self.model.n_vocab()
         self.cfg = cfg
+        self.sessions_dir = sessions_dir
+        self.warmed = False
         self._batch = None
         self._open_context()
-        self.drafter = (DraftModel(Engine(self._draft_config(cfg)), self.model.n_vocab())
+        self.drafter = (DraftModel(Engine(self._draft_config(cfg)), self.n_vocab)
                         if cfg.draft_model_path else None)
 
     @staticmethod
@@ -100,6 +96,13 @@ class Engine:
         """Weights, plus KV state at full size, plus the draft model's: what the model slots budget counts."""
         own = self.model.size() + self._state_bytes
         return own + (self.drafter.memory_bytes if self.drafter else 0)
+
+    def fingerprint(self) -> dict:
+        """What a saved sequence state depends on: it is only loaded back into an engine with the same."""
+        stat = self.model_path.stat()
+        return {"model": {"path": str(self.model_path), "bytes": stat.st_size, "mtime_ns": stat.st_mtime_ns},
+                "n_ctx": self.cfg.n_ctx, "kv_cache_type": self.cfg.kv_cache_type, "swa_full": True,
+                "llama_cpp": llama_cpp.__version__}
 
     def _open_context(self) -> None:
         """The llama.cpp context (one sequence per session slot), its batch and its session table."""
@@ -119,10 +122,26 @@ class Engine:
             cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED  # quantized V needs it
         self.ctx = _internals.LlamaContext(model=self.model, params=cparams, verbose=False)
         self._batch = llama_cpp.llama_batch_init(cfg.max_batch_size, 0, 1)
-        self.sessions = SessionTable(cfg.session_slots, cfg.session_cache_mb * 2**20, self)
-        #: generations one decode step can carry: one token each, in a batch of max_batch_size
-        self.max_parallel = min(cfg.session_slots, cfg.max_batch_size)
+        store = None
+        if self.sessions_dir is not None and cfg.session_disk_mb > 0:
+            store = SessionStore(self.sessions_dir, self.fingerprint(), cfg.session_disk_mb * 2**20)
+        self.sessions = SessionTable(cfg.session_slots, cfg.session_cache_mb * 2**20, self, store,
+                                     share_prefixes=cfg.prefix_sharing)
         self._state_bytes = llama_cpp.llama_state_get_size(self.ctx.ctx)
+
+    def warm_up(self) -> None:
+        """One throwaway decode, as llama-server does at start: it pages the mapped weights in and runs the
+        kernels once, so the first request does not pay for that (about 0.3 s here).
+
+        Call it from the thread that decodes, like every decode: llama.cpp's CPU backend runs on OpenMP, which
+        keeps a thread pool per calling thread, and once there are more OpenMP threads than CPUs it stops
+        spinning between parallel regions; a warm-up on the main thread made every later decode on the
+        worker thread 25-30% slower (scripts/bench_batch_shapes.py, docs/scheduler.md)."""
+        if not self.warmed:
+            vocab = self.model.vocab
+            self.decode([(0, 0, [llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab)], 1)])
+            self.clear_seq(0)
+            self.warmed = True
 
     def _close_context(self) -> None:
         if self._batch is not None:
@@ -145,12 +164,15 @@ class Engine:
         current["n_threads"] = self.n_threads
         return current
 
+    def needs_rebuild(self, cfg: EngineConfig) -> bool:
+        return any(getattr(cfg, name) != getattr(self.cfg, name) for name in REBUILD_KNOBS)
+
     def reconfigure(self, cfg: EngineConfig) -> bool:
         """Apply new settings; rebuild the context when its size or KV type changes (True then).
 
         A rebuild forgets every session's cached KV (their next step prefills again), so the caller
         must only do it between requests."""
-        rebuild = any(getattr(cfg, name) != getattr(self.cfg, name) for name in REBUILD_KNOBS)
+        rebuild = self.needs_rebuild(cfg)
         if rebuild and self.busy():
             raise ProtocolError(ErrorCode.BUSY, "cannot rebuild the context while a request is generating")
         self.cfg = cfg
@@ -164,7 +186,7 @@ class Engine:
             self.drafter.reconfigure(self._draft_config(cfg))
         return rebuild
 
-    # --- KvOps for SessionTable ------------------------------------------------------------
+    # --- KV of one sequence (KvOps for SessionTable) ---------------------------------------
     def save_seq(self, seq_id: int) -> bytes:
         size = llama_cpp.llama_state_seq_get_size(self.ctx.ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()
@@ -178,6 +200,10 @@ class Engine:
     def clear_seq(self, seq_id: int) -> None:
         llama_cpp.llama_memory_seq_rm(self.ctx.memory, seq_id, -1, -1)
 
+    def trim_seq(self, seq_id: int, keep: int) -> None:
+        """Drop the KV of positions ``keep`` and later."""
+        llama_cpp.llama_memory_seq_rm(self.ctx.memory, seq_id, keep, -1)
+
     # --- model primitives ------------------------------------------------------------------
     def tokenize(self, text: str) -> list[int]:
         return self.model.tokenize(text.encode(), add_bos=True, special=True)
@@ -190,211 +216,38 @@ class Engine:
             n = llama_cpp.llama_token_to_piece(self.model.vocab, token, buf, len(buf), 0, False)
         return buf.raw[:n]
 
-    def _decode(self, tokens: list[int], pos0: int, seq_id: int) -> None:
-        """Evaluate ``tokens`` at positions ``pos0..`` in ``seq_id``, in prefill-sized chunks."""
-        chunk = self.cfg.prefill_chunk_size
+    def is_end(self, token: int) -> bool:
+        return llama_cpp.llama_vocab_is_eog(self.model.vocab, token)
+
+    def decode(self, rows: list[Row]) -> list[int]:
+        """Evaluate every row in ONE llama_decode; returns each row's first index in the batch (the index a
+        sampler reads the logits of a token at). At most ``max_batch_size`` tokens in all.
+
+        Rows should come in increasing sequence order: with one KV stream per sequence llama.cpp cuts the
+        batch into equal-length sub-batches of consecutive sequence ids, and out of order it cuts more
+        (4 decodes in order 38 ms, shuffled 52 ms here)."""
         batch = self._batch
-        for start in range(0, len(tokens), chunk):
-            part = tokens[start:start + chunk]
-            batch.n_tokens = len(part)
-            for i, tok in enumerate(part):
-                batch.token[i] = tok
-                batch.pos[i] = pos0 + start + i
-                batch.n_seq_id[i] = 1
-                batch.seq_id[i][0] = seq_id
-                batch.logits[i] = 0
-            batch.logits[len(part) - 1] = 1
-            rc = llama_cpp.llama_decode(self.ctx.ctx, batch)
-            if rc != 0:
-                raise ProtocolError(ErrorCode.INTERNAL, f"llama_decode failed (rc={rc}; KV cache full?)")
-
-    # --- the request path ------------------------------------------------------------------
-    def start(self, prompt: str | list[int], session: str | None, params: GenerateParams,
-              on_text: Callable[[str], None] | None = None) -> "Generation":
-        """Prefill what the session's sequence lacks and sample the first token (``prompt``: text, or token ids
-        already tokenized, as chat does to keep message contents apart from template markup)."""
-        t_start = time.perf_counter()
-        tokens = self.tokenize(prompt) if isinstance(prompt, str) else prompt
-        n_ctx = self.cfg.n_ctx
-        if len(tokens) >= n_ctx:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"prompt is {len(tokens)} tokens; n_ctx is {n_ctx}")
-        sampler = TokenSampler(self.model, self.ctx, temperature=params.temperature, top_k=params.top_k,
-                               top_p=params.top_p, seed=params.seed, grammar=params.grammar,
-                               constraint=params.constraint)
-        try:
-            got = self.sessions.acquire(session)
-        except ProtocolError:
-            sampler.close()
-            raise
-        slot = got.slot
-        g = Generation(slot, sampler, TextStream(params.stop), on_text, min(params.max_tokens, n_ctx - len(tokens)),
-                       t_start, len(tokens), got)
-        try:
-            # Keep the shared prefix; at least the last prompt token is evaluated to get fresh logits.
-            g.cached = min(common_prefix_len(slot.tokens, tokens), len(tokens) - 1)
-            llama_cpp.llama_memory_seq_rm(self.ctx.memory, slot.seq_id, g.cached, -1)
-            slot.tokens = tokens[:g.cached]
-            new = tokens[g.cached:]
-            t_prefill = time.perf_counter()
-            self._decode(new, g.cached, slot.seq_id)
-            slot.tokens.extend(new)
-            g.prefill_s = time.perf_counter() - t_prefill
-            g.t_decode = time.perf_counter()
-            self._sample_next(g, -1)
-        except Exception:
-            g.finish(self.sessions, "error")
-            raise
-        return g
-
-    def step(self, generations: list["Generation"]) -> None:
-        """Decode the pending token of every unfinished generation in one batch, then sample each one's next.
-
-        With ``spec_draft_tokens`` on, each generation also carries draft tokens looked up in its own
-        context (prompt-lookup decoding: agent output often repeats what it has seen); the model checks
-        them all in the same decode, and each draft that matches what the sampler picks is a token
-        gained without a decode step of its own. Tokens a grammar forces are drafted the same way, whatever
-        the setting, ahead of any speculative ones: they cannot be rejected (counted as ``forced_tokens``)."""
-        active = [g for g in generations if not g.done]
-        if not active:
-            return
-        self.max_batch_seen = max(self.max_batch_seen, len(active))
-        room = self.cfg.max_batch_size - len(active)  # batch cells left for drafts
-        batch = self._batch
-        plan: list[tuple[Generation, int, list[int], int]] = []  # generation, first batch index, drafts, forced
+        firsts = []
         n = 0
-        for g in active:
-            limit = max(min(room, g.max_tokens - g.generated - 1), 0)
-            forced = g.sampler.forced()[:limit]
-            drafts = forced + self._draft(g, limit - len(forced), forced)
-            room -= len(drafts)
-            plan.append((g, n, drafts, len(forced)))
-            pos = len(g.slot.tokens)
-            for i, tok in enumerate([g.pending] + drafts):
+        for seq_id, pos0, tokens, n_logits in rows:
+            firsts.append(n)
+            first_logit = len(tokens) - n_logits
+            for i, tok in enumerate(tokens):
                 batch.token[n] = tok
-                batch.pos[n] = pos + i
+                batch.pos[n] = pos0 + i
                 batch.n_seq_id[n] = 1
-                batch.seq_id[n][0] = g.slot.seq_id
-                batch.logits[n] = 1
+                batch.seq_id[n][0] = seq_id
+                batch.logits[n] = i >= first_logit
                 n += 1
         batch.n_tokens = n
         rc = llama_cpp.llama_decode(self.ctx.ctx, batch)
         if rc != 0:
-            for g in active:
-                g.finish(self.sessions, "error")
             raise ProtocolError(ErrorCode.INTERNAL, f"llama_decode failed (rc={rc}; KV cache full?)")
-        for g, first, drafts, forced in plan:
-            g.slot.tokens.append(g.pending)
-            g.drafted += len(drafts) - forced
-            for i in range(len(drafts) + 1):
-                tok = self._sample_next(g, first + i)
-                if g.done or i == len(drafts) or tok != drafts[i]:
-                    break
-                g.slot.tokens.append(tok)  # the draft was right: its KV is already in place
-                if i < forced:
-                    g.forced += 1
-                else:
-                    g.accepted += 1
-            if drafts:  # drop the KV of rejected drafts (and of any past where the generation ended)
-                llama_cpp.llama_memory_seq_rm(self.ctx.memory, g.slot.seq_id, len(g.slot.tokens), -1)
+        return firsts
 
-    def _draft(self, g: "Generation", limit: int, forced: list[int]) -> list[int]:
-        """Up to ``spec_draft_tokens`` draft tokens to follow the generation's pending token (and the tokens its
-        grammar forces after it)."""
-        k = min(self.cfg.spec_draft_tokens, limit)
-        if k <= 0:
-            return []
-        history = g.slot.tokens + [g.pending] + forced
-        if self.cfg.spec_drafter == "model":
-            return self.drafter.propose(g.slot.seq_id, history, k)
-        return prompt_lookup(history, k, self.cfg.spec_ngram_size)
-
-    def _sample_next(self, g: "Generation", batch_index: int) -> int:
-        """Sample, stream and account one token; it becomes the pending one unless the generation ends."""
-        tok = g.sampler.sample(batch_index)
-        if g.ttft is None:
-            g.ttft = time.perf_counter() - g.t_start
-        if llama_cpp.llama_vocab_is_eog(self.model.vocab, tok):
-            g.finish(self.sessions, "eos")
-            return tok
-        g.generated += 1
-        g.emit(g.stream.feed(self.token_bytes(tok)))
-        if g.stream.stopped:
-            g.finish(self.sessions, "stop")
-        elif g.generated >= g.max_tokens:
-            g.finish(self.sessions, "length")
-        else:
-            g.pending = tok
-        return tok
-
-    def generate(self, prompt: str, session: str | None, params: GenerateParams,
-                 on_text: Callable[[str], None] | None = None) -> dict:
-        """One request on its own: start, then step until done."""
-        g = self.start(prompt, session, params, on_text)
-        while not g.done:
-            self.step([g])
-        return g.result()
-
-
-@dataclass
-class Generation:
-    """One request in flight: its slot (held busy), sampler, text stream and counters."""
-
-    slot: "Slot"
-    sampler: TokenSampler
-    stream: TextStream
-    on_text: Callable[[str], None] | None
-    max_tokens: int
-    t_start: float
-    prompt_tokens: int
-    acquired: "Acquired"
-    cached: int = 0
-    generated: int = 0
-    pending: int = -1  # sampled, not yet decoded
-    drafted: int = 0  # speculative draft tokens proposed
-    accepted: int = 0  # ... and confirmed by the model
-    forced: int = 0  # tokens a grammar forced, decoded as drafts (not sampled)
-    ttft: float | None = None
-    prefill_s: float = 0.0
-    t_decode: float = 0.0
-    t_end: float = 0.0
-    stop_reason: str | None = None
-    model: str = ""  # the pool's name for the model (set by the service)
-    model_load_ms: float = 0.0  # time spent loading that model for this request (0 when resident)
-    chat: Any = None  # the chat turn that turns the result into an assistant message (set by the service)
-
-    @property
-    def done(self) -> bool:
-        return self.stop_reason is not None
-
-    def emit(self, piece: str) -> None:
-        if piece and self.on_text:
-            self.on_text(piece)
-
-    def finish(self, sessions: SessionTable, reason: str) -> None:
-        self.stop_reason = reason
-        self.emit(self.stream.finish())
-        self.t_end = time.perf_counter()
-        self.sampler.close()
-        sessions.release(self.slot)
-
-    def result(self) -> dict:
-        decode_s = self.t_end - self.t_decode
-        total_s = self.t_end - self.t_start
-        prefill = self.prompt_tokens - self.cached
-        return {
-            "text": self.stream.text,
-            "stop_reason": self.stop_reason,
-            "prompt_tokens": self.prompt_tokens,
-            "cached_tokens": self.cached,
-            "prefill_tokens": prefill,
-            "completion_tokens": self.generated,
-            "kv_source": self.acquired.source,
-            "kv_switch_ms": self.acquired.switch_ms,
-            "ttft_s": round(self.ttft if self.ttft is not None else total_s, 4),
-            "prefill_tps": round(prefill / self.prefill_s, 1) if self.prefill_s > 0 else None,
-            "decode_tps": round(self.generated / decode_s, 1) if self.generated and decode_s > 0 else None,
-            "total_s": round(total_s, 4),
-            "draft_tokens": self.drafted,
-            "accepted_tokens": self.accepted,
-            "forced_tokens": self.forced,
-        }
+    def evaluate(self, tokens: list[int], pos0: int, seq_id: int) -> None:
+        """Evaluate ``tokens`` of one sequence from ``pos0`` in batch-sized calls; logits of the last."""
+        size = self.cfg.max_batch_size
+        for start in range(0, len(tokens), size):
+            part = tokens[start:start + size]
+            self.decode([(seq_id, pos0 + start, part, 1 if start + size >= len(tokens) else 0)])

@@ -1,35 +1,33 @@
-"""The inference process: protocol handlers around a pool of ``Engine``s, with continuous batching.
+"""The inference process: protocol handlers around the scheduler (``scheduler.py``) and a pool of models.
 
-Like llama.cpp's server loop: requests of different sessions share each decode
-step (one llama_decode per resident model for every running generation), new
-requests join between steps as slots free up, and finished ones leave. A
-request whose session is already generating waits for it (one sequence, one
-writer). Requests name a model (``model``, default: the pool's default); each
-resident model has its own context and session slots.
-
-Control messages that change engines (``engine.configure``, ``model.*``) run
-between decode steps once no generation is running: new work waits behind
-them in order, so a context rebuild or a model swap loses no request.
+A ``generate`` or ``chat`` request becomes a ``GenerationRequest`` for the scheduler (prompt, sampling parameters,
+an optional constraint, and reply callbacks; a chat's prompt and constraint come from ``chat.py`` once the
+scheduler has picked the model, whose template they need); the scheduler's loop runs on the service's one worker thread
+and owns every engine. Control messages (``engine.configure``, ``model.*``) are queued in the same line, so
+they run between decode steps; the rest (``tokenize``, ``sessions``, ``session.drop``, ``model.list``) runs at
+once between steps. On drain every session's KV is written to ``DATA_DIR/sessions`` (``session_store.py``),
+and comes back on the session's next request after the restart.
 """
 
 from __future__ import annotations
 
 import os
-import time
-from collections import deque
 
 import zmq
 from pydantic import ValidationError
 
 from shared import shm
-from shared.config import KNOBS, Config, EngineConfig
+from shared.config import KNOBS, REBUILD_KNOBS, Config, EngineConfig, error_lines
+from shared.grammar import check_grammar
 from shared.protocol import ErrorCode, ProtocolError, Request
-from shared.service import Emitter, Service, Job
-from services.inference.engine import Engine, Generation, GenerateParams, settings_id
+from shared.service import Emitter, Job, Service
 from services.inference.chat import Conversations
+from services.inference.constraint import gbnf_constraint
+from services.inference.engine import Engine, settings_id
 from services.inference.models import ModelPool
+from services.inference.scheduler import Control, GenerateParams, GenerationRequest, Scheduler
 
-#: Messages that must run while no generation is running (they rebuild, load or free engines).
+#: Messages that change engines: they run between decode steps, in order with the generations around them.
 _CONTROL = frozenset({"engine.configure", "model.load", "model.unload", "model.switch"})
 
 
@@ -40,7 +38,9 @@ class InferenceService(Service):
 
     def __init__(self, config: Config, endpoint: str | None = None):
         super().__init__(config, endpoint)
-        self.models = ModelPool(config.engine, Engine)
+        sessions_dir = config.runtime.resolved_data_dir() / "sessions"
+        self.models = ModelPool(config.engine, lambda cfg: Engine(cfg, sessions_dir))
+        self.scheduler = Scheduler(self.models, self.log)
         self.conversations = Conversations()
         self.handle("session.drop", self.on_session_drop)
         self.handle("sessions", lambda req, _: self.engine.sessions.describe(req.session))
@@ -59,14 +59,19 @@ class InferenceService(Service):
         settings = self._settings()
         details = {"settings": settings, "settings_id": settings_id(settings), "n_ctx": self.config.engine.n_ctx,
                    "n_threads": settings["n_threads"], "default_model": self.models.default,
-                   "models_resident": list(self.models.engines), "model_loads": self.models.loads}
+                   "models_resident": list(self.models.engines), "model_loads": self.models.loads,
+                   "scheduler": self.scheduler.describe()}
+        details["max_batch_seen"] = details["scheduler"]["max_batch_seen"]
         if engine is not None:
             details.update(model=engine.model_name, model_path=str(engine.model_path),
-                           sessions_resident=sum(s.session is not None for s in engine.sessions.slots),
-                           max_batch_seen=engine.max_batch_seen)
+                           sessions_resident=sum(s.session is not None for s in engine.sessions.slots))
         return details
 
     def close(self) -> None:
+        if any(w.is_alive() for w in self._workers):  # it still owns the engines: writing them now would race
+            self.log.warning("sessions_not_saved", reason="the worker is still running")
+        else:
+            self.log.info("sessions_saved", sessions=self.scheduler.persist())
         self.models.close()
 
     def _settings(self) -> dict:
@@ -75,9 +80,72 @@ class InferenceService(Service):
             return engine.settings()
         return {name: getattr(self.config.engine, name) for name in KNOBS}
 
+    # --- the loop: the scheduler's, fed from the service queue ---------------------------
+    def work_loop(self, out: zmq.Socket) -> None:
+        self.scheduler.run(lambda wait_s: self._intake(out, wait_s), self.idle_and_stopping)
+
+    def _intake(self, out: zmq.Socket, wait_s: float) -> None:
+        """Move queued requests into the scheduler (bounded: beyond that the service queue fills and answers
+        ``busy``); run the quick handlers right away, between steps."""
+        job = self.next_job(wait_s)
+        while job is not None:
+            if job.request.type in ("generate", "chat"):
+                self._submit_generation(job, out)
+            elif job.request.type in _CONTROL:
+                self.scheduler.submit(Control(lambda job=job: self._run_control(job, out),
+                                              lambda job=job: self._needs_drain(job.request)))
+            else:
+                self.run_job(job, out)
+            if len(self.scheduler.queue) >= self.config.runtime.queue_size:
+                return
+            job = self.next_job(0)
+
+    def _submit_generation(self, job: Job, out: zmq.Socket) -> None:
+        req = job.request
+        send = self.replier(job, out)
+        stream = (lambda body: send("event", body)) if req.body.get("stream") else None
+        try:
+            generation = GenerationRequest(
+                prompt="", params=self._params(req.body), session=req.session, model=req.body.get("model"),
+                on_done=lambda result: self._finished(job, result, send), on_error=lambda exc: self.fail(job, out, exc))
+            if req.type == "chat":
+                self._chat(job, generation, send, stream)
+            else:
+                generation.prompt = self._prompt(req)
+                if grammar := req.body.get("grammar"):
+                    check_grammar(grammar)  # refused here, before it waits in the queue
+                    generation.constraint = lambda engine: gbnf_constraint(grammar, engine.model)
+                if stream:
+                    generation.on_text = lambda text: stream({"text": text})
+        except Exception as exc:
+            self.fail(job, out, exc)
+            return
+        self.scheduler.submit(generation)
+
+    def _chat(self, job: Job, generation: GenerationRequest, send, stream) -> None:
+        """The chat hook: the prompt (the model's own template) and the constraint (its vocabulary) are made
+        once the scheduler has the model; the turn turns the result into the assistant message."""
+        req = job.request
+
+        def prepare(engine: Engine, model: str) -> None:
+            turn = self.conversations.begin(req.body, req.session, engine, model, stream)
+            generation.prompt, generation.on_text = turn.prompt, turn.on_text
+            generation.constraint = lambda _: turn.constraint
+            generation.on_done = lambda result: self._finished(job, result, send, turn.reply)
+
+        generation.prepare = prepare
+
+    def _finished(self, job: Job, result: dict, send, reply=lambda result: result) -> None:
+        result["settings_id"] = settings_id(self._settings())
+        self.log.info(job.request.type, session=job.request.session, request_id=job.request.id,
+                      **{k: v for k, v in result.items() if k != "text"})
+        self.metrics.observe_generation(result)
+        send("ok", reply(result))
+        self.telemetry.report(dict(result, text=None, type="generation", session=job.request.session, ok=True))
+
     def _params(self, body: dict) -> GenerateParams:
         p = GenerateParams(max_tokens=body.get("max_tokens") or self.config.engine.default_max_tokens)
-        for name in ("temperature", "top_p", "top_k", "seed", "grammar"):
+        for name in ("temperature", "top_p", "top_k", "seed", "cache_prompt"):
             if body.get(name) is not None:
                 setattr(p, name, body[name])
         if not 1 <= p.max_tokens <= 32768:
@@ -90,105 +158,6 @@ class InferenceService(Service):
         p.stop = stop
         return p
 
-    # --- the loop ------------------------------------------------------------------------
-    def work_loop(self, out: zmq.Socket) -> None:
-        running: list[tuple[Job, Engine, Generation]] = []
-        waiting: deque[Job] = deque()  # jobs that cannot start yet: session busy, no slot free, or control
-        while True:
-            self._admit(out, running, waiting)
-            self.set_running(len(running) + len(waiting))
-            if not running:
-                if not waiting and self.idle_and_stopping():
-                    return
-                continue
-            for engine in {id(e): e for _, e, _ in running}.values():
-                try:
-                    engine.step([g for _, e, g in running if e is engine])
-                except Exception as exc:  # the decode failed: every generation of that engine is lost
-                    for job, _, g in [r for r in running if r[1] is engine]:
-                        running.remove((job, engine, g))
-                        self.fail(job, out, exc)
-            for job, engine, g in [r for r in running if r[2].done]:
-                running.remove((job, engine, g))
-                self._finished(job, g, out)
-            pause_ms = self.config.engine.decode_pause_ms
-            if pause_ms:
-                time.sleep(pause_ms / 1000)
-
-    def _admit(self, out: zmq.Socket, running: list, waiting: deque) -> None:
-        """Start queued work while it can start; keep arrival order; block briefly only when idle."""
-        while True:
-            if waiting:
-                job = waiting[0]
-            else:
-                job = self.next_job(None if running else 0.2)
-                if job is None:
-                    return
-                if job.request.type not in self.scheduled:
-                    self.run_job(job, out)
-                    continue
-                waiting.append(job)
-            if job.request.type in _CONTROL:
-                if running:
-                    return  # runs once the generations in flight are done
-                waiting.popleft()
-                self._run_control(job, out)
-                continue
-            try:
-                engine, load_ms = self.models.get(job.request.body.get("model"))
-            except (ProtocolError, FileNotFoundError) as exc:
-                waiting.popleft()
-                if isinstance(exc, ProtocolError) and exc.code == ErrorCode.BUSY and running:
-                    waiting.appendleft(job)  # every resident model is generating: wait for one to finish
-                    return
-                self.fail(job, out, _not_found(exc))
-                continue
-            if not engine.sessions.can_admit(job.request.session):
-                return
-            waiting.popleft()
-            try:
-                g = self._start(job, engine, load_ms, out)
-            except Exception as exc:
-                self.fail(job, out, exc)
-                continue
-            if g.done:
-                self._finished(job, g, out)
-            else:
-                running.append((job, engine, g))
-
-    def _run_control(self, job: Job, out: zmq.Socket) -> None:
-        send = self.replier(job, out)
-        try:
-            send("ok", self._control[job.request.type](job.request))
-        except Exception as exc:
-            self.fail(job, out, _not_found(exc))
-
-    def _start(self, job: Job, engine: Engine, load_ms: float, out: zmq.Socket) -> Generation:
-        req = job.request
-        params = self._params(req.body)
-        send = self.replier(job, out)
-        model = next(name for name, e in self.models.engines.items() if e is engine)
-        stream = (lambda body: send("event", body)) if req.body.get("stream") else None
-        chat = None
-        if req.type == "chat":  # the chat hook: prompt tokens, a constraint in params, a turn that finishes it
-            chat = self.conversations.begin(req.body, req.session, engine, model, params, stream)
-            prompt, on_text = chat.prompt, chat.on_text
-        else:
-            prompt, on_text = self._prompt(req), (lambda text: stream({"text": text})) if stream else None
-        g = engine.start(prompt, req.session, params, on_text)
-        g.model, g.model_load_ms, g.chat = model, load_ms, chat
-        return g
-
-    def _finished(self, job: Job, g: Generation, out: zmq.Socket) -> None:
-        result = g.result()
-        settings = self._settings()
-        result.update(model=g.model, model_load_ms=g.model_load_ms, settings_id=settings_id(settings))
-        self.log.info(job.request.type, session=job.request.session, request_id=job.request.id,
-                      **{k: v for k, v in result.items() if k != "text"})
-        self.metrics.observe_generation(result)
-        self.replier(job, out)("ok", g.chat.reply(result) if g.chat else result)
-        self.telemetry.report(dict(result, text=None, type="generation", session=job.request.session, ok=True))
-
     def _prompt(self, req: Request) -> str:
         if "prompt_shm" in req.body:
             try:
@@ -199,7 +168,21 @@ class InferenceService(Service):
             return req.body["prompt"]
         raise ProtocolError(ErrorCode.BAD_REQUEST, "missing required field 'prompt' (or 'prompt_shm')")
 
-    # --- handlers ------------------------------------------------------------------------
+    # --- control messages ------------------------------------------------------------------
+    def _needs_drain(self, req: Request) -> bool:
+        """Everything but a configure of hot settings waits until no generation runs."""
+        if req.type != "engine.configure":
+            return True
+        settings = req.body.get("settings") or {}
+        return any(settings.get(k, getattr(self.config.engine, k)) != getattr(self.config.engine, k)
+                   for k in REBUILD_KNOBS)
+
+    def _run_control(self, job: Job, out: zmq.Socket) -> None:
+        try:
+            self.replier(job, out)("ok", self._control[job.request.type](job.request))
+        except Exception as exc:
+            self.fail(job, out, _not_found(exc))
+
     def on_session_drop(self, req: Request, _: Emitter) -> dict:
         if req.session is None:
             raise ProtocolError(ErrorCode.BAD_REQUEST, "session.drop needs a session id in the envelope")
@@ -218,8 +201,7 @@ class InferenceService(Service):
         try:
             cfg = EngineConfig.model_validate({**self.config.engine.model_dump(), **settings})
         except ValidationError as err:
-            problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in err.errors())
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"bad settings: {problems}") from None
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"bad settings: {'; '.join(error_lines(err))}") from None
         reloaded = self.models.reconfigure(cfg, lambda engine, c: engine.reconfigure(c))
         self.config.engine = cfg
         current = self._settings()

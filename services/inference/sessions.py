@@ -1,14 +1,25 @@
-"""Which session's KV cache lives in which llama.cpp sequence ("slot").
+"""Which session's KV cache lives in which llama.cpp sequence ("slot"), and where else a prompt's KV can come from.
 
-The context holds ``n_slots`` sequences. A session keeps its slot between
-steps, so a follow-up prompt pays only for its new tokens. When a new session
-needs a slot and none is free, the least recently used one is *parked*: only
-that sequence's KV is copied out (``llama_state_seq_get_data``), bounded by a
-memory budget with LRU eviction, and copied back in when the session returns.
-That is far cheaper than saving or loading the whole context.
+The context holds ``n_slots`` sequences. A session keeps its slot between steps, so a follow-up prompt pays only
+for its new tokens. When a request starts, its KV comes from, in this order:
 
-The KV operations are passed in (``KvOps``) so this bookkeeping is testable
-without a model.
+* ``resident`` - its session's own slot;
+* ``restored`` - the session was *parked*: a new session needed a slot, none was free, and the least recently
+  used idle one had only its sequence's KV copied out (``llama_state_seq_get_data``) into a RAM budget with
+  LRU eviction; now it is copied back in. Far cheaper than saving or loading the whole context;
+* ``disk`` - the session was written to disk when the service last drained (``SessionStore``);
+* ``shared`` - another sequence already holds a prefix of the prompt (a system prompt, tool definitions, a
+  few-shot block that many sessions share): that KV is copied (``state_seq_get/set_data``, then the tail
+  trimmed) instead of computed again, at about 4 ms for 700 tokens against 0.8 s to prefill them here;
+* ``cold`` - nothing to reuse.
+
+A slot whose session ended or that served a request without a session keeps its tokens, so its KV stays a
+donor; a free slot whose leftover KV shares the prompt's beginning is taken first (no copy at all).
+
+A request that shares a prefix with a prompt some slot is *prefilling right now* waits for that prefill rather
+than computing the same tokens a second time (``worth_waiting``; the scheduler asks before it admits).
+
+The KV operations are passed in (``KvOps``) so this bookkeeping is testable without a model.
 """
 
 from __future__ import annotations
@@ -16,24 +27,36 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from shared.protocol import ErrorCode, ProtocolError
 
+if TYPE_CHECKING:
+    from services.inference.session_store import SessionStore
+
+#: A copy from another sequence costs about as much as prefilling a few tokens; below this it is not worth it.
+MIN_SHARED_TOKENS = 16
+
 
 def common_prefix_len(a: list[int], b: list[int]) -> int:
-    """How many leading tokens two sequences share: the KV that can be kept."""
+    """How many leading tokens two sequences share: the KV that can be kept (compared 64 at a time)."""
     n = min(len(a), len(b))
     i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+    while i < n:
+        j = min(i + 64, n)
+        if a[i:j] != b[i:j]:
+            while a[i] == b[i]:
+                i += 1
+            return i
+        i = j
+    return n
 
 
 class KvOps(Protocol):
     def save_seq(self, seq_id: int) -> bytes: ...
     def load_seq(self, seq_id: int, state: bytes) -> bool: ...
     def clear_seq(self, seq_id: int) -> None: ...
+    def trim_seq(self, seq_id: int, keep: int) -> None: ...
 
 
 @dataclass
@@ -42,7 +65,8 @@ class Slot:
     session: str | None = None
     tokens: list[int] = field(default_factory=list)  # tokens whose KV is in this sequence, in order
     last_used: float = 0.0
-    busy: bool = False  # a request is generating in it: not to be parked, reused or evicted
+    busy: bool = False  # a request runs in it: not to be parked, reused or evicted
+    planned: list[int] | None = None  # the prompt being prefilled into it (others sharing a prefix wait for it)
 
 
 @dataclass
@@ -54,15 +78,20 @@ class _Parked:
 @dataclass
 class Acquired:
     slot: Slot
-    source: str  # "resident" | "restored" | "cold"
-    switch_ms: float  # time spent parking another session and restoring this one
+    source: str  # "resident" | "restored" | "disk" | "shared" | "cold"
+    switch_ms: float  # time spent parking, restoring and copying KV for this request
+    cached: int  # prompt tokens whose KV the slot holds now (at most all but the last)
+    shared: int = 0  # of those, tokens copied from another sequence
 
 
 class SessionTable:
-    def __init__(self, n_slots: int, park_budget_bytes: int, kv: KvOps):
+    def __init__(self, n_slots: int, park_budget_bytes: int, kv: KvOps, store: "SessionStore | None" = None,
+                 share_prefixes: bool = True):
         self.slots = [Slot(seq_id=i) for i in range(n_slots)]
         self.park_budget_bytes = park_budget_bytes
+        self.share_prefixes = share_prefixes
         self._kv = kv
+        self._store = store
         self._parked: OrderedDict[str, _Parked] = OrderedDict()
         self.parked_bytes = 0
 
@@ -76,41 +105,97 @@ class SessionTable:
     def _resident(self, session: str | None) -> Slot | None:
         return next((s for s in self.slots if session is not None and s.session == session), None)
 
-    def acquire(self, session: str | None) -> Acquired:
-        """The slot to run a request of ``session`` in (``None`` = stateless: always cold); it is held
-        busy until ``release``."""
+    def worth_waiting(self, prompt: list[int]) -> bool:
+        """True when a slot is prefilling a prompt that shares clearly more of ``prompt`` than any sequence
+        holds now: waiting for it and copying beats computing the same prefix a second time."""
+        if not self.share_prefixes:
+            return False
+        planned = max((common_prefix_len(s.planned, prompt) for s in self.slots if s.planned), default=0)
+        if planned < MIN_SHARED_TOKENS:
+            return False
+        have = max(common_prefix_len(s.tokens, prompt) for s in self.slots)
+        return planned - have >= MIN_SHARED_TOKENS
+
+    def acquire(self, session: str | None, prompt: list[int], reuse: bool = True) -> Acquired:
+        """A slot for a request of ``session`` (None: no session) whose KV holds the longest prefix of ``prompt``
+        it can get (none with ``reuse`` off); it is held busy until ``release``."""
         if not self.can_admit(session):
             raise ProtocolError(ErrorCode.BUSY, "every session slot is generating; retry later")
         t0 = time.perf_counter()
+        donor = self._donor(prompt) if reuse and self.share_prefixes else None
         slot = self._resident(session)
         source = "resident"
         if slot is None:
-            slot = self._free_slot()
-            self._kv.clear_seq(slot.seq_id)
-            slot.session, slot.tokens, source = session, [], "cold"
-            parked = self._parked.pop(session, None) if session is not None else None
-            if parked is not None:
-                self.parked_bytes -= len(parked.state)
-                if self._kv.load_seq(slot.seq_id, parked.state):
-                    slot.tokens, source = parked.tokens, "restored"
-                else:
-                    self._kv.clear_seq(slot.seq_id)
+            slot, source = self._take_slot(prompt, donor), "cold"
+            if session is not None and reuse:
+                source = self._restore(slot, session)
+            if source == "cold" and slot.tokens and not (reuse and self.share_prefixes):
+                self._kv.clear_seq(slot.seq_id)
+                slot.tokens = []
+            slot.session = session
+        cached = min(common_prefix_len(slot.tokens, prompt), len(prompt) - 1) if reuse else 0
+        if source == "cold":  # the free slot's leftover KV (another request's) may start with this prompt
+            cached = cached if cached >= MIN_SHARED_TOKENS else 0
+            source = "shared" if cached else "cold"
+        shared = cached if source == "shared" else 0
+        if donor is not None and donor is not slot:
+            reach = min(common_prefix_len(donor.tokens, prompt), len(prompt) - 1)
+            if reach - cached >= MIN_SHARED_TOKENS:
+                cached = shared = self._copy(donor, slot, reach)
+                source = "shared"
+        self._kv.trim_seq(slot.seq_id, cached)
+        slot.tokens = prompt[:cached]
         slot.last_used = time.monotonic()
         slot.busy = True
-        return Acquired(slot, source, round((time.perf_counter() - t0) * 1000, 3))
+        return Acquired(slot, source, round((time.perf_counter() - t0) * 1000, 3), cached, shared)
 
     def release(self, slot: Slot) -> None:
         slot.busy = False
+        slot.planned = None
         slot.last_used = time.monotonic()
 
-    def _free_slot(self) -> Slot:
+    def _donor(self, prompt: list[int]) -> Slot | None:
+        best = max(self.slots, key=lambda s: common_prefix_len(s.tokens, prompt))
+        return best if common_prefix_len(best.tokens, prompt) >= MIN_SHARED_TOKENS else None
+
+    def _take_slot(self, prompt: list[int], donor: Slot | None) -> Slot:
+        """A free slot (the one whose leftover KV matches the prompt best), else the least recently used idle
+        one, parked first; the donor stays resident while another idle slot can go."""
         idle = [s for s in self.slots if not s.busy]
         free = [s for s in idle if s.session is None]
         if free:
-            return min(free, key=lambda s: s.last_used)
-        victim = min(idle, key=lambda s: s.last_used)
+            return max(free, key=lambda s: (common_prefix_len(s.tokens, prompt), -s.last_used))
+        victim = min([s for s in idle if s is not donor] or idle, key=lambda s: s.last_used)
         self._park(victim)
         return victim
+
+    def _restore(self, slot: Slot, session: str) -> str:
+        """Bring a parked (RAM) or saved (disk) session into ``slot``; its source, or "cold" if it has none."""
+        parked = self._parked.pop(session, None)
+        source = "restored"
+        if parked is not None:
+            self.parked_bytes -= len(parked.state)
+        elif self._store is not None and (saved := self._store.load(session)) is not None:
+            parked, source = _Parked(*saved), "disk"
+        if parked is None:
+            return "cold"
+        self._kv.clear_seq(slot.seq_id)
+        if self._kv.load_seq(slot.seq_id, parked.state):
+            slot.tokens = parked.tokens
+            return source
+        self._kv.clear_seq(slot.seq_id)
+        slot.tokens = []
+        return "cold"
+
+    def _copy(self, donor: Slot, slot: Slot, n: int) -> int:
+        """Copy the first ``n`` tokens' KV of ``donor`` into ``slot``; how many it holds after."""
+        self._kv.clear_seq(slot.seq_id)
+        if not self._kv.load_seq(slot.seq_id, self._kv.save_seq(donor.seq_id)):
+            self._kv.clear_seq(slot.seq_id)
+            slot.tokens = []
+            return 0
+        slot.tokens = donor.tokens[:n]
+        return n
 
     def _park(self, slot: Slot) -> None:
         if self.park_budget_bytes > 0 and slot.session is not None and slot.tokens:
@@ -121,7 +206,20 @@ class SessionTable:
                 while self.parked_bytes > self.park_budget_bytes:
                     _, evicted = self._parked.popitem(last=False)
                     self.parked_bytes -= len(evicted.state)
+        self._kv.clear_seq(slot.seq_id)
         slot.session, slot.tokens = None, []
+
+    def persist(self) -> int:
+        """Write every session's KV (resident and parked) to the store, for after a restart; how many."""
+        if self._store is None:
+            return 0
+        saved = 0
+        for slot in self.slots:
+            if slot.session is not None and slot.tokens and not slot.busy:
+                saved += self._store.save(slot.session, slot.tokens, self._kv.save_seq(slot.seq_id))
+        for session, parked in self._parked.items():
+            saved += self._store.save(session, parked.tokens, parked.state)
+        return saved
 
     def drop(self, session: str) -> bool:
         """Forget a session's KV wherever it lives (not while it generates); True if there was any."""
@@ -135,6 +233,8 @@ class SessionTable:
         if parked is not None:
             self.parked_bytes -= len(parked.state)
             found = True
+        if self._store is not None:
+            found = self._store.drop(session) or found
         return found
 
     def describe(self, session: str | None) -> dict:
@@ -144,6 +244,8 @@ class SessionTable:
             mine = {"where": "resident", "tokens": resident[session]}
         elif session in self._parked:
             mine = {"where": "parked", "tokens": len(self._parked[session].tokens)}
+        elif session is not None and self._store is not None and self._store.has(session):
+            mine = {"where": "disk", "tokens": None}
         else:
             mine = {"where": "none", "tokens": 0}
         return {"slots": len(self.slots), "resident": len(resident), "parked": len(self._parked),

@@ -22,6 +22,10 @@ class EngineConfig(Section):
     kv_cache_type: Literal["f16", "q8_0", "q4_0"] = "f16"
     session_slots: int = Field(4, ge=1, le=64, description="sessions whose KV stays resident in the context")
     session_cache_mb: int = Field(256, ge=0, le=65536, description="RAM for parked session KV states")
+    session_disk_mb: int = Field(1024, ge=0, le=1 << 20, description="disk (DATA_DIR/sessions) for sessions saved "
+                                 "on drain and restored after a restart; least recently used go; 0 = off")
+    prefix_sharing: bool = Field(True, description="copy a prompt prefix's KV from another sequence that holds it "
+                                 "(shared system prompts) instead of computing it again")
     spec_draft_tokens: int = Field(0, ge=0, le=32, description="prompt-lookup draft tokens per decode step "
                                                                 "(speculative decoding); 0 = off")
     spec_ngram_size: int = Field(2, ge=1, le=8, description="tokens matched to find a draft in the context")

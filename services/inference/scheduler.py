@@ -1,0 +1,438 @@
+"""The inference scheduler: one queue, one loop, and per step ONE llama_decode that carries every running generation.
+
+Like llama.cpp's server (tools/server), requests run in *slots* (one llama.cpp sequence of a model's context
+each, ``sessions.Slot``), and every step builds one batch per resident model from
+
+* the next token of every generation that is decoding, plus its speculative draft tokens, and
+* chunks of the prompts being read in (prefill),
+
+under a token budget (``max_batch_size``). Every decoding generation gets its token in every step, so a long
+prompt cannot stall them: while any generation decodes, prompts are read at most ``prefill_chunk_size`` tokens
+per step (when none does, a whole batch). Those prompt tokens
+go to prompts in every step whatever is decoding, so decodes cannot starve a prompt either, and they are shared
+out evenly between the prompts being read (a short follow-up step is not stuck behind a long document; equal
+chunks also suit llama.cpp's split of a batch into sub-batches). Drafts get what is left.
+
+A request (``Task``) moves through these states:
+
+    WAITING  -- a slot is free, its session's own slot is idle, no earlier control message holds it --> PREFILL
+    PREFILL  -- its whole prompt has KV; the first token is sampled (TTFT) ----------------------------> DECODE
+    DECODE   -- end of generation, a stop string or max_tokens: the reply goes, the slot becomes idle
+
+A WAITING request that shares a prefix with a prompt another slot is prefilling right now stays WAITING until
+that prefix is in, then copies its KV instead of computing it again. Where a request's KV comes from (its
+session's slot, a PARKED session's copy in RAM or on disk, another sequence's shared prefix) is
+``sessions.py``'s business.
+
+Control messages (``Control``: ``engine.configure``, ``model.*``) run between steps. One that rebuilds a
+context or loads/unloads a model waits until no generation runs, and everything queued after it waits behind
+it, in order; a configure of hot settings only (threads, chunk size, drafting, pause) runs at the next step.
+
+**The seam for request types.** A request type (``generate``, ``chat``) builds a ``GenerationRequest``: prompt
+text or token ids, ``GenerateParams``, an optional ``constraint`` (a factory ``engine -> constraint.Constraint``:
+which tokens may come next, e.g. a grammar or a tool-call shape), and callbacks: ``on_text(piece)`` for streamed
+text, ``on_done(result)`` with the text and its stats, ``on_error(exc)``. A request type whose prompt depends
+on the model (chat renders the model's own template) sets those in ``prepare(engine, model_name)``, called once
+the task has its engine. Tokens the constraint forces are decoded like drafts that cannot be rejected. Prompt
+rendering and output parsing live in the request type's own module; the scheduler only runs generations. The path of a request: ``shared/service.py`` (socket, queue) -> ``service.py``
+(request -> ``GenerationRequest``) -> this file -> ``engine.py`` (``llama_decode``).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import structlog
+
+from shared.config import EngineConfig
+from shared.protocol import ErrorCode, ProtocolError
+from services.inference.drafting import prompt_lookup
+from services.inference.engine import Engine
+from services.inference.models import ModelPool
+from services.inference.constraint import Constraint, LlamaGrammar
+from services.inference.sampling import TokenSampler
+from services.inference.sessions import Acquired, Slot
+from services.inference.text_stream import TextStream
+
+
+class State(enum.Enum):
+    WAITING = "waiting"  # queued: no slot yet, its session's slot is busy, or a shared prefix is being prefilled
+    PREFILL = "prefill"  # in a slot; its prompt is read in chunks, step by step
+    DECODE = "decode"  # generating: one token (plus drafts) per step
+
+
+@dataclass
+class GenerateParams:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 0.95
+    top_k: int = 40
+    seed: int = 0
+    stop: list[str] = field(default_factory=list)
+    cache_prompt: bool = True  # reuse KV (the session's, a parked copy, a shared prefix); False: compute it all
+
+
+@dataclass
+class GenerationRequest:
+    """One generation, as a request type hands it to the scheduler (see the module docstring)."""
+
+    prompt: str | list[int]
+    params: GenerateParams
+    on_done: Callable[[dict[str, Any]], None]
+    on_error: Callable[[Exception], None]
+    session: str | None = None
+    model: str | None = None  # a model slot's name; None: the default model
+    constraint: Callable[[Engine], Constraint | LlamaGrammar] | None = None
+    on_text: Callable[[str], None] | None = None
+    prepare: Callable[[Engine, str], None] | None = None  # sets the fields above that depend on the model
+
+
+@dataclass
+class Control:
+    """A control message: ``run`` answers it; ``needs_drain`` says whether it must wait until nothing runs."""
+
+    run: Callable[[], None]
+    needs_drain: Callable[[], bool]
+
+
+@dataclass(eq=False)
+class Task:
+    """One generation inside the scheduler: its state, slot, sampler, text stream and figures."""
+
+    request: GenerationRequest
+    t_start: float = field(default_factory=time.perf_counter)
+    state: State = State.WAITING
+    engine: Engine | None = None
+    model: str = ""
+    load_ms: float = 0.0
+    prompt: list[int] = field(default_factory=list)
+    slot: Slot | None = None
+    acquired: Acquired | None = None
+    sampler: TokenSampler | None = None
+    stream: TextStream | None = None
+    max_tokens: int = 0
+    fed: int = 0  # prompt tokens whose KV is in the slot
+    generated: int = 0
+    pending: int = -1  # sampled, not yet decoded
+    drafted: int = 0  # speculative draft tokens proposed
+    accepted: int = 0  # ... and confirmed by the model
+    forced: int = 0  # tokens the constraint forced, decoded as drafts (never sampled)
+    step_forced: int = 0  # how many of this step's drafts were forced ones
+    peak_batch: int = 0  # most generations decoded in one step together with this one (itself included)
+    last_step: int = 0  # the step that last decoded its token
+    ttft: float | None = None
+    t_prefill: float = 0.0
+    prefill_s: float = 0.0
+    t_decode: float = 0.0
+    t_end: float = 0.0
+    stop_reason: str | None = None
+
+    def emit(self, piece: str) -> None:
+        if piece and self.request.on_text:
+            self.request.on_text(piece)
+
+    def result(self) -> dict[str, Any]:
+        decode_s = self.t_end - self.t_decode
+        total_s = self.t_end - self.t_start
+        prefill = len(self.prompt) - self.acquired.cached
+        return {
+            "text": self.stream.text,
+            "stop_reason": self.stop_reason,
+            "prompt_tokens": len(self.prompt),
+            "cached_tokens": self.acquired.cached,
+            "prefill_tokens": prefill,
+            "completion_tokens": self.generated,
+            "kv_source": self.acquired.source,
+            "kv_switch_ms": self.acquired.switch_ms,
+            "shared_tokens": self.acquired.shared,
+            "ttft_s": round(self.ttft if self.ttft is not None else total_s, 4),
+            "prefill_tps": round(prefill / self.prefill_s, 1) if self.prefill_s > 0 else None,
+            "decode_tps": round(self.generated / decode_s, 1) if self.generated and decode_s > 0 else None,
+            "total_s": round(total_s, 4),
+            "draft_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+            "forced_tokens": self.forced,
+            "peak_batch": self.peak_batch,
+            "model": self.model,
+            "model_load_ms": self.load_ms,
+        }
+
+
+def fair_shares(needs: list[int], budget: int) -> list[int]:
+    """Split ``budget`` prompt tokens between prompts that need ``needs`` more: evenly, and what one needs
+    less than its share of goes to the others."""
+    shares = [0] * len(needs)
+    order = sorted(range(len(needs)), key=lambda i: needs[i])
+    for k, i in enumerate(order):
+        shares[i] = min(needs[i], budget // (len(order) - k))
+        budget -= shares[i]
+    return shares
+
+
+class Scheduler:
+    def __init__(self, models: ModelPool, log: Any):
+        self.models = models
+        self.log = log
+        self.queue: deque[Task | Control] = deque()  # arrival order: WAITING tasks and control messages
+        self.running: list[Task] = []  # PREFILL and DECODE tasks
+        #: Read by health from the I/O thread, so only ints, set by this loop (never iterate the queues there).
+        self.counters = {"steps": 0, "mixed_steps": 0, "max_batch_seen": 0, "shared_prefix_tokens": 0,
+                         "decode_s": 0.0, "waiting": 0, "prefill": 0, "decode": 0}
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue or self.running)
+
+    def submit(self, item: GenerationRequest | Control) -> None:
+        self.queue.append(Task(item) if isinstance(item, GenerationRequest) else item)
+
+    def describe(self) -> dict[str, int]:
+        """Steps so far (``mixed_steps``: with prompt chunks and decodes together; ``decode_s``: time inside
+        llama_decode), the most generations decoded in one step, KV tokens copied between sequences, and how
+        many tasks are in each state now."""
+        return {**self.counters, "decode_s": round(self.counters["decode_s"], 3)}
+
+    def run(self, intake: Callable[[float], None], should_stop: Callable[[], bool]) -> None:
+        """The loop: take new work (``intake(wait_s)``, which also beats the worker's heartbeat), admit, decode
+        one batch per model; return once idle and ``should_stop()``."""
+        for engine in self.models.engines.values():
+            engine.warm_up()  # on this thread, which runs every decode (see Engine.warm_up)
+        while True:
+            intake(0.0 if self.running else 0.2)
+            if not self.busy and should_stop():
+                return
+            self.step()
+
+    @classmethod
+    def of_one_model(cls, cfg: EngineConfig) -> "Scheduler":
+        """A scheduler over ``cfg``'s model without a service around it (benchmarks use it with ``complete``)."""
+        return cls(ModelPool(cfg, Engine), structlog.get_logger("scheduler"))
+
+    def complete(self, prompt: str | list[int], params: GenerateParams, **request: Any) -> dict[str, Any]:
+        """Run one generation to its end on the calling thread, without a service (benchmarks use it); the
+        result, or its error raised. ``request``: more ``GenerationRequest`` fields (session, constraint...)."""
+        outcome: list = []
+        self.submit(GenerationRequest(prompt, params, on_done=outcome.append, on_error=outcome.append, **request))
+        while not outcome:
+            self.step()
+        if isinstance(outcome[0], Exception):
+            raise outcome[0]
+        return outcome[0]
+
+    def step(self) -> None:
+        self._admit()
+        for engine in {id(t.engine): t.engine for t in self.running}.values():
+            self._step(engine, [t for t in self.running if t.engine is engine])
+        states = [t.state for t in self.running]
+        self.counters.update(waiting=sum(isinstance(i, Task) for i in self.queue),
+                             prefill=states.count(State.PREFILL), decode=states.count(State.DECODE))
+        pause_ms = self.models.cfg.decode_pause_ms
+        if pause_ms and self.running:
+            time.sleep(pause_ms / 1000)
+
+    # --- admission -----------------------------------------------------------------------
+    def _admit(self) -> None:
+        """Start what can start, in arrival order; a request of a session waits behind that session's earlier
+        one, and nothing passes a control message that waits for the generations to drain."""
+        held_sessions: set[str | None] = set()
+        waited = False
+        for item in list(self.queue):
+            if isinstance(item, Control):
+                if item.needs_drain() and (self.running or waited):
+                    return
+                self.queue.remove(item)
+                item.run()
+                continue
+            session = item.request.session
+            if session is not None and session in held_sessions:
+                continue
+            if self._start(item):
+                self.queue.remove(item)
+            else:
+                waited = True
+                held_sessions.add(session)
+
+    def _start(self, task: Task) -> bool:
+        """Give ``task`` a slot and move it to PREFILL (True), or leave it WAITING (False). A task that cannot
+        run at all is answered with its error and counts as started."""
+        req = task.request
+        try:
+            engine, load_ms = self.models.get(req.model)
+        except ProtocolError as exc:
+            if exc.code == ErrorCode.BUSY and self.running:
+                return False  # every resident model is generating: one will finish
+            return self._fail(task, exc)
+        except FileNotFoundError as exc:
+            return self._fail(task, ProtocolError(ErrorCode.NOT_FOUND, str(exc)))
+        try:
+            engine.warm_up()  # a model loaded since the loop started
+            if task.engine is not engine:  # first try, or its model was reloaded meanwhile
+                task.engine, task.load_ms = engine, task.load_ms + load_ms
+                task.model = next(name for name, e in self.models.engines.items() if e is engine)
+                if req.prepare is not None:
+                    req.prepare(engine, task.model)
+                task.prompt = engine.tokenize(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
+                n_ctx = engine.cfg.n_ctx
+                if not 0 < len(task.prompt) < n_ctx:
+                    raise ProtocolError(ErrorCode.BAD_REQUEST, f"prompt is {len(task.prompt)} tokens; n_ctx is {n_ctx}")
+            if not engine.sessions.can_admit(req.session):
+                return False
+            if req.params.cache_prompt and engine.sessions.worth_waiting(task.prompt):
+                return False
+            p = req.params
+            task.sampler = TokenSampler(engine.model, engine.ctx, temperature=p.temperature, top_k=p.top_k,
+                                        top_p=p.top_p, seed=p.seed,
+                                        constraint=req.constraint(engine) if req.constraint else None)
+            task.acquired = engine.sessions.acquire(req.session, task.prompt, reuse=p.cache_prompt)
+        except Exception as exc:
+            return self._fail(task, exc)
+        task.slot = task.acquired.slot
+        task.slot.planned = task.prompt
+        task.stream = TextStream(p.stop)
+        task.fed = task.acquired.cached
+        task.max_tokens = min(p.max_tokens, engine.cfg.n_ctx - len(task.prompt))
+        task.state, task.t_prefill = State.PREFILL, time.perf_counter()
+        self.counters["shared_prefix_tokens"] += task.acquired.shared
+        self.running.append(task)
+        return True
+
+    # --- one step of one model -----------------------------------------------------------
+    def _step(self, engine: Engine, tasks: list[Task]) -> None:
+        """Build this model's batch (decode tokens, drafts, prompt chunks), decode it once, consume the logits."""
+        budget = engine.cfg.max_batch_size
+        # More generations than batch cells (session_slots > max_batch_size): the longest-waiting ones first.
+        decoders = sorted((t for t in tasks if t.state is State.DECODE), key=lambda t: t.last_step)[:budget]
+        prefills = [t for t in tasks if t.state is State.PREFILL]
+        # Prompt tokens per step: a chunk while generations decode (their next token waits for this step),
+        # the whole batch when nothing does (bigger sub-batches read the weights fewer times).
+        prompt_budget = min(engine.cfg.prefill_chunk_size, budget - len(decoders)) if decoders else budget
+        chunks = fair_shares([len(t.prompt) - t.fed for t in prefills], prompt_budget)
+        room = budget - len(decoders) - sum(chunks)
+        plan: list[tuple[Task, list[int]]] = []
+        for t in decoders:
+            drafts = self._drafts(engine, t, max(min(room, t.max_tokens - t.generated - 1), 0))
+            room -= len(drafts)
+            plan.append((t, [t.pending] + drafts))
+        plan += [(t, t.prompt[t.fed:t.fed + n]) for t, n in zip(prefills, chunks) if n]
+        plan.sort(key=lambda item: item[0].slot.seq_id)
+        rows = [(t.slot.seq_id, len(t.slot.tokens), tokens,
+                 len(tokens) if t.state is State.DECODE else int(t.fed + len(tokens) == len(t.prompt)))
+                for t, tokens in plan]
+        t0 = time.perf_counter()
+        try:
+            firsts = engine.decode(rows)
+        except Exception as exc:  # the batch's KV is in an unknown state: its tasks fail, their slots are cleared
+            for t, _ in plan:
+                engine.clear_seq(t.slot.seq_id)
+                t.slot.tokens = []
+                self._fail(t, exc)
+            return
+        c = self.counters
+        c["decode_s"] += time.perf_counter() - t0
+        c["steps"] += 1
+        for t in decoders:
+            t.last_step = c["steps"]
+        c["mixed_steps"] += bool(decoders) and len(plan) > len(decoders)
+        c["max_batch_seen"] = max(c["max_batch_seen"], len(decoders))
+        for (t, tokens), first in zip(plan, firsts):
+            try:
+                if t.state is State.PREFILL:
+                    self._prefilled(t, tokens, first)
+                else:
+                    self._decoded(t, tokens, first, len(decoders))
+            except Exception as exc:  # a constraint or a callback failed: that request, not the step
+                self._fail(t, exc)
+
+    def _prefilled(self, t: Task, chunk: list[int], first: int) -> None:
+        t.slot.tokens.extend(chunk)
+        t.fed += len(chunk)
+        if t.fed == len(t.prompt):
+            t.slot.planned = None
+            t.t_decode = time.perf_counter()
+            t.prefill_s = t.t_decode - t.t_prefill
+            t.state = State.DECODE
+            self._take(t, t.sampler.sample(first + len(chunk) - 1))
+
+    def _decoded(self, t: Task, tokens: list[int], first: int, batch: int) -> None:
+        """The pending token (and drafts) went in: sample at each position while the drafts match the samples."""
+        t.peak_batch = max(t.peak_batch, batch)
+        t.slot.tokens.append(tokens[0])
+        drafts = tokens[1:]
+        t.drafted += len(drafts) - t.step_forced
+        for i in range(len(drafts) + 1):
+            token = t.sampler.sample(first + i)
+            self._take(t, token)
+            if t.stop_reason or i == len(drafts) or token != drafts[i]:
+                break
+            t.slot.tokens.append(token)  # the draft was right: its KV is already in place
+            if i < t.step_forced:
+                t.forced += 1
+            else:
+                t.accepted += 1
+        if drafts:  # drop the KV of rejected drafts (and of any past where the generation ended)
+            t.engine.trim_seq(t.slot.seq_id, len(t.slot.tokens))
+
+    def _drafts(self, engine: Engine, t: Task, limit: int) -> list[int]:
+        """Up to ``limit`` tokens to follow the task's pending one: those its constraint forces, whatever the
+        settings, then up to ``spec_draft_tokens`` speculative ones."""
+        forced = t.sampler.forced()[:limit]
+        t.step_forced = len(forced)
+        k = min(engine.cfg.spec_draft_tokens, limit - len(forced))
+        if k <= 0:
+            return forced
+        history = t.slot.tokens + [t.pending] + forced
+        if engine.cfg.spec_drafter == "model":
+            return forced + engine.drafter.propose(t.slot.seq_id, history, k)
+        return forced + prompt_lookup(history, k, engine.cfg.spec_ngram_size)
+
+    def _take(self, t: Task, token: int) -> None:
+        """Stream and account one sampled token; it becomes the pending one unless the generation ends."""
+        if t.ttft is None:
+            t.ttft = time.perf_counter() - t.t_start
+        if t.engine.is_end(token):
+            return self._finish(t, "eos")
+        t.generated += 1
+        t.emit(t.stream.feed(t.engine.token_bytes(token)))
+        if t.stream.stopped:
+            self._finish(t, "stop")
+        elif t.generated >= t.max_tokens:
+            self._finish(t, "length")
+        else:
+            t.pending = token
+
+    # --- the end of a task -----------------------------------------------------------------
+    def _finish(self, t: Task, reason: str) -> None:
+        t.stop_reason = reason
+        t.emit(t.stream.finish())
+        t.t_end = time.perf_counter()
+        self._release(t)
+        self._call(t.request.on_done, t.result())
+
+    def _fail(self, t: Task, exc: Exception) -> bool:
+        self._release(t)
+        self._call(t.request.on_error, exc)
+        return True
+
+    def _release(self, t: Task) -> None:
+        if t.sampler is not None:
+            t.sampler.close()
+            t.sampler = None
+        if t.slot is not None:
+            t.engine.sessions.release(t.slot)
+        if t in self.running:
+            self.running.remove(t)
+
+    def _call(self, callback: Callable[[Any], None], arg: Any) -> None:
+        """A reply callback that fails (a closed socket) costs that reply, never the loop."""
+        try:
+            callback(arg)
+        except Exception:
+            self.log.exception("reply_failed")
+
+    def persist(self) -> int:
+        """Write every resident model's sessions to disk (on drain, from the loop's own thread); how many."""
+        return sum(engine.sessions.persist() for engine in self.models.engines.values())

@@ -1,0 +1,28 @@
+"""The real inference service, except that its scheduler loop dies on a ``generate`` whose prompt is
+``"<die>"``: for the inference worker-liveness test (``tests/test_inference_liveness.py``).
+
+Run: ``python -m tests.fragile_inference --config F``.
+"""
+
+from __future__ import annotations
+
+from services.inference.service import InferenceService
+from services.runner import run_service
+
+DIE = "<die>"
+
+
+class WorkerDied(BaseException):
+    """Not an Exception: nothing on the request path catches it, as with a bug in the loop itself."""
+
+
+class FragileInference(InferenceService):
+    def next_job(self, timeout_s):
+        job = super().next_job(timeout_s)
+        if job is not None and job.request.type == "generate" and job.request.body.get("prompt") == DIE:
+            raise WorkerDied("injected: the scheduler loop itself failed")
+        return job
+
+
+if __name__ == "__main__":
+    run_service(FragileInference, "inference")
