@@ -50,7 +50,7 @@ import psutil
 
 from _bench import PLANNER_SYSTEM, PLANNER_TASKS, start_inference, stop
 from shared.client import Client, GenerateResult
-from shared.config import DEFAULT_MODEL_FILE, magnitude_home
+from shared import catalog
 from magnitude.prompts import gemma_prompt
 
 REPO = Path(__file__).resolve().parent.parent
@@ -339,7 +339,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=1, help="alternating runs per workload; medians are printed")
     parser.add_argument("--only", choices=["magnitude", "llama-server"], help="run one side (no ratios)")
     parser.add_argument("--server", help="llama-server binary (default: build/cached by native/build_llama_server.sh)")
-    parser.add_argument("--model", default=str(magnitude_home() / "models" / DEFAULT_MODEL_FILE))
+    parser.add_argument("--model", default=str(catalog.get(catalog.BASE_MODEL).path()))
     parser.add_argument("--keep", metavar="DIR", help="keep both sides' logs in DIR (default: a temporary folder)")
     parser.add_argument("--max-foreign", type=float, default=0.25,
                         help="a run during which other processes used more CPU cores than this is repeated")
