@@ -8,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from magnitude import launcher  # noqa: E402
-from shared import process  # noqa: E402
+from shared import catalog, process  # noqa: E402
 from shared.client import Client  # noqa: E402
 from shared.config import Config, dump_config, parse_config  # noqa: E402
 
@@ -27,9 +27,14 @@ PLANNER_TASKS = ["bring a glass of water", "find the red book", "water the plant
                  "charge the vacuum", "fold the towels", "feed the cat", "check the front door"]
 
 
+#: The model of the benchmarks that measure the engine rather than an agent: the small bundled base model.
+BENCH_MODEL = catalog.get(catalog.BASE_MODEL).path()
+
+
 def start_inference(home: Path, tag: str, engine: dict, timeout_s: float = 300) -> tuple[Config, Client]:
-    """Start ``services.inference`` with these engine settings under ``home``; stop it with ``stop``."""
-    config = parse_config({"engine": engine,
+    """Start ``services.inference`` with these engine settings under ``home`` (``model_path``: ``BENCH_MODEL``
+    unless given); stop it with ``stop``."""
+    config = parse_config({"engine": {"model_path": str(BENCH_MODEL), **engine},
                            "runtime": {"runtime_dir": str(home / f"run-{tag}"), "data_dir": str(home / "data"),
                                        "queue_size": 8}})
     path = home / f"bench-{tag}.yaml"

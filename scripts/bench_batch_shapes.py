@@ -34,7 +34,7 @@ from llama_cpp import _internals
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from shared import catalog  # noqa: E402
+from _bench import BENCH_MODEL  # noqa: E402
 
 N_SEQ, HISTORY = 8, 700
 
@@ -177,7 +177,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--model", default=str(catalog.get(catalog.BASE_MODEL).path()))
+    parser.add_argument("--model", default=str(BENCH_MODEL))
     parser.add_argument("--thread-case", choices=["clean", "main-first"], help=argparse.SUPPRESS)  # a child run
     args = parser.parse_args()
     llama_cpp.llama_log_set(_silent, ctypes.c_void_p(0))

@@ -32,6 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _bench import BENCH_MODEL  # noqa: E402
 from magnitude import launcher  # noqa: E402
 from shared import process  # noqa: E402
 from shared.client import Client  # noqa: E402
@@ -70,7 +71,7 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="magopt", dir="/tmp") as tmp:
         config = parse_config({
-            "engine": {"n_ctx": 2048, "session_slots": args.sessions, "optimization_window": args.window},
+            "engine": {"model_path": str(BENCH_MODEL), "n_ctx": 2048, "session_slots": args.sessions, "optimization_window": args.window},
             "runtime": {"runtime_dir": f"{tmp}/run", "data_dir": f"{tmp}/data", "queue_size": 8},
             # After a rebuild every session's KV is gone: skip a full round, whose re-prefills are a one-off.
             "optimizer": {"warmup_samples": 1, "rebuild_warmup_samples": 2 * args.sessions, "p99_alert_s": None},

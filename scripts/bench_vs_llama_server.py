@@ -48,9 +48,8 @@ from pathlib import Path
 
 import psutil
 
-from _bench import PLANNER_SYSTEM, PLANNER_TASKS, start_inference, stop
+from _bench import BENCH_MODEL, PLANNER_SYSTEM, PLANNER_TASKS, start_inference, stop
 from shared.client import Client, GenerateResult
-from shared import catalog
 from magnitude.prompts import gemma_prompt
 
 REPO = Path(__file__).resolve().parent.parent
@@ -131,8 +130,8 @@ class CpuWatch:
 class MagnitudeBackend:
     name = "magnitude"
 
-    def __init__(self, home: Path, threads: int, n_ctx: int):
-        self.home, self.threads, self.n_ctx = home, threads, n_ctx
+    def __init__(self, model: Path, home: Path, threads: int, n_ctx: int):
+        self.model, self.home, self.threads, self.n_ctx = model, home, threads, n_ctx
         self.config = None
         self.local = threading.local()
         self.clients: list[Client] = []
@@ -142,7 +141,7 @@ class MagnitudeBackend:
         home = self.home / tag  # its own data folder: no sessions saved by an earlier run
         home.mkdir()
         self.config, client = start_inference(home, tag, {
-            "session_slots": slots, "n_ctx": self.n_ctx, "n_threads": self.threads, "self_optimize": False})
+            "model_path": str(self.model), "session_slots": slots, "n_ctx": self.n_ctx, "n_threads": self.threads, "self_optimize": False})
         self.pid = client.health()["pid"]
         client.close()
         self.local = threading.local()
@@ -339,7 +338,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=1, help="alternating runs per workload; medians are printed")
     parser.add_argument("--only", choices=["magnitude", "llama-server"], help="run one side (no ratios)")
     parser.add_argument("--server", help="llama-server binary (default: build/cached by native/build_llama_server.sh)")
-    parser.add_argument("--model", default=str(catalog.get(catalog.BASE_MODEL).path()))
+    parser.add_argument("--model", default=str(BENCH_MODEL))
     parser.add_argument("--keep", metavar="DIR", help="keep both sides' logs in DIR (default: a temporary folder)")
     parser.add_argument("--max-foreign", type=float, default=0.25,
                         help="a run during which other processes used more CPU cores than this is repeated")
@@ -351,7 +350,7 @@ def main() -> int:
         home = Path(args.keep or tmp)
         home.mkdir(parents=True, exist_ok=True)
         if args.only != "llama-server":
-            backends.append(MagnitudeBackend(home, args.threads, args.n_ctx))
+            backends.append(MagnitudeBackend(Path(args.model), home, args.threads, args.n_ctx))
         if args.only != "magnitude":
             binary = args.server or build_server()
             version = subprocess.run([binary, "--version"], capture_output=True, text=True)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _bench import BENCH_MODEL  # noqa: E402
 from magnitude import launcher  # noqa: E402
 from shared import process  # noqa: E402
 from shared.health import probe  # noqa: E402
@@ -168,7 +169,7 @@ def main() -> int:
         return soak(config, args.soak, args.max_tokens, args.sample) if args.soak else \
             load(config, args.clients, args.requests, args.max_tokens)
     with tempfile.TemporaryDirectory(prefix="magl", dir="/tmp") as tmp:
-        config = parse_config({"engine": {"session_slots": args.slots},
+        config = parse_config({"engine": {"model_path": str(BENCH_MODEL), "session_slots": args.slots},
                                "runtime": {"runtime_dir": f"{tmp}/run", "queue_size": args.queue_size}})
         path = Path(tmp) / "load.yaml"
         path.write_text(dump_config(config))
