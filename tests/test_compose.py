@@ -88,3 +88,11 @@ def test_only_the_watchdog_gets_docker_and_it_is_told_so():
         else:
             assert "user" not in svc, name  # the image's user: magnitude
             assert "MAGNITUDE_WATCHDOG_BACKEND" not in svc.get("environment", {}), name
+
+
+def test_the_watchdog_depends_on_every_service_so_down_stops_it_first():
+    # compose stops in reverse dependency order: a watchdog still running while a service stops would
+    # restart it, and `down` then fails on the network that container still holds.
+    supervised = {name for name, svc in COMPOSE["services"].items()
+                  if service_module(svc["command"]) and name != "watchdog"}
+    assert supervised <= set(COMPOSE["services"]["watchdog"]["depends_on"])
