@@ -36,6 +36,9 @@ CALL = '{"name": "calculator", "arguments": {"expression": "2+2"}}'
     (f"Sure:\n```json\n{CALL}\n```", "Sure:"),
     (f"```\n[{CALL}]\n```", ""),
     (f"<tool_call>\n{CALL}", ""),  # unclosed at the end of the reply: still a call
+    ("{" + CALL + "}", ""),  # braces doubled, as in a Python format string: {{"name": ...}}} (the 1.5B)
+    ("{" + CALL, ""),  # {{"name": ...}}
+    ("```json\n{" + CALL + "}\n```", ""),
 ])
 def test_calls_are_found_in_every_form_small_models_write(text, content):
     found = scan(text, TOOLS, final=True)
@@ -68,6 +71,7 @@ def test_arguments_are_validated_and_a_bad_call_says_why():
 @pytest.mark.parametrize("text", [
     f"Let me compute.\n<tool_call>\n{CALL}\n</tool_call>",
     f"{CALL}",
+    "{" + CALL + "}",
     f"Here:\n```json\n{CALL}\n```\n",
     "Code:\n```python\nx = 1\n```\nDone.  ",
     '{"name": "Ada"} is a JSON object',
@@ -159,6 +163,20 @@ def test_a_bare_call_at_the_start_is_constrained_from_its_first_token(vocab):
     assert constraint.active and constraint.gave_up is None
     constraint.accept(_tokens(vocab, ' "')[0])
     assert constraint.allows(_tokens(vocab, "calculator")[0]) and not constraint.allows(_tokens(vocab, "launch")[0])
+
+
+@pytest.mark.model
+def test_a_bare_call_in_doubled_braces_is_constrained_too(vocab):
+    constraint = Constraint(vocab, triggers=triggers(TOOLS, vocab))
+    for token in _tokens(vocab, '{{"name": "'):
+        assert constraint.allows(token)
+        constraint.accept(token)
+    assert constraint.active and constraint.gave_up is None
+    assert constraint.allows(_tokens(vocab, "calculator")[0]) and not constraint.allows(_tokens(vocab, "launch")[0])
+    for token in _tokens(vocab, 'calculator", "arguments": {"expression": "4"}}'):
+        assert constraint.allows(token)
+        constraint.accept(token)
+    assert not constraint.finished and constraint.allows(_tokens(vocab, "}")[0])  # the doubled brace closes it
 
 
 @pytest.mark.model
