@@ -123,6 +123,13 @@ def _result(call: ToolCall) -> str:
     return call.output if call.error is None else f"Error: {call.error}"
 
 
+def _mentions(names: list[str]) -> re.Pattern[str]:
+    """Finds a tool named in prose, as models spell it there (``file_reader``, "file reader", "File-Reader"); the
+    match's ``lastgroup`` is ``t<index>`` of the tool in ``names``."""
+    spelled = (r"[_\s-]".join(re.escape(part) for part in re.split(r"[_\s-]", name)) for name in names)
+    return re.compile("|".join(rf"(?P<t{i}>\b{s}\b)" for i, s in enumerate(spelled)) or "(?!)", re.IGNORECASE)
+
+
 def tool_specs(tools: list[dict]) -> list[dict]:
     """The tool service's ``tool.list`` entries in the OpenAI shape the ``chat`` message takes."""
     return [{"type": "function", "function": {"name": t["name"], "description": t["description"],
@@ -171,7 +178,8 @@ class _Run:
             made: dict[tuple[str, str], ToolCall] = {}  # (tool, arguments) of each call already run
             last_compressed, answer_now, forced = -_COMPRESS_EVERY, False, None
             told: tuple[int, int] | None = None  # (history length, step) where a repeated call was answered
-            names = re.compile(r"\b(" + "|".join(re.escape(t["function"]["name"]) for t in specs) + r")\b")
+            tool_names = [t["function"]["name"] for t in specs]
+            mentions = _mentions(tool_names)
             for index in range(1, self.max_iterations + 1):
                 t0 = time.monotonic()
                 compress = index - last_compressed >= _COMPRESS_EVERY and (yield from self._advised_to_compress())
@@ -189,13 +197,13 @@ class _Run:
                     last_compressed = index
                 message = reply["message"]
                 calls = message.get("tool_calls") or []
-                named = (names.search(step.content) if specs and not made and forced is None and choice == "auto"
+                named = (mentions.search(step.content) if specs and not made and forced is None and choice == "auto"
                          else None)
                 if not calls and named and index < self.max_iterations:
                     # Before any tool ran, it wrote about a call (in prose, or as JSON no parser takes) instead of
                     # making it: once per run, ask again with that tool named, so the call comes out in the model's
                     # own format. (Once tools have run, a tool's name in a reply is a report of what was done.)
-                    forced = step.intended = named.group(1)
+                    forced = step.intended = tool_names[int(named.lastgroup[1:])]
                     continue
                 forced = forced and ""  # a named call is asked for once
                 if not calls:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from magnitude.agent import Agent, AsyncAgent, Request, _Run, submit_feedback
+from magnitude.agent import Agent, AsyncAgent, Request, _mentions, _Run, submit_feedback
 from shared.client import Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import REPO, ServiceProcess, make_config, write_config
@@ -125,6 +125,18 @@ def test_a_call_written_as_prose_is_asked_for_again_with_the_tool_named_once():
     chats = [r.body for r in services.requests if r.type == "chat"]
     assert [c["tool_choice"] for c in chats] == ["auto", {"type": "function", "function": {"name": "calculator"}}, "auto"]
     assert chats[1]["messages"] == chats[0]["messages"]  # the prose is not in the history
+
+
+@pytest.mark.parametrize("prose, tool", [
+    ("This requires a file reader function.", "file_reader"),  # the 1.5B's spelling
+    ("I will call `memory_search` with the query.", "memory_search"),
+    ("The Calculator can do it.", "calculator"),
+    ("I read the profile_reader docs.", None),  # a longer word is not a tool's name
+])
+def test_a_tool_named_in_prose_is_found_however_it_is_spelled(prose, tool):
+    names = ["calculator", "file_reader", "memory_search"]
+    found = _mentions(names).search(prose)
+    assert (names[int(found.lastgroup[1:])] if found else None) == tool
 
 
 def test_inference_failure_ends_the_run_with_an_error_and_max_iterations_bounds_it():
