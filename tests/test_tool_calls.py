@@ -135,20 +135,23 @@ def _tokens(vocab: Vocabulary, text: str) -> list[int]:
     return vocab.tokenizer.tokenize_str(text, parse_special=True)
 
 
+def _write(constraint: Constraint, vocab: Vocabulary, text: str) -> None:
+    """Feed ``text`` to the constraint token by token, each one allowed."""
+    for token in _tokens(vocab, text):
+        assert constraint.allows(token), text
+        constraint.accept(token)
+
+
 @pytest.mark.model
 def test_the_lazy_grammar_leaves_text_free_and_takes_over_at_the_opener(vocab):
     constraint = Constraint(vocab, triggers=triggers(TOOLS, vocab))
-    for token in _tokens(vocab, "I'll use a tool, maybe {\"x\": 1}.\n"):
-        assert constraint.allows(token)
-        constraint.accept(token)
+    _write(constraint, vocab, "I'll use a tool, maybe {\"x\": 1}.\n")
     assert not constraint.active
     constraint.accept(vocab.single_special("<tool_call>"))
     assert constraint.active
     forced = vocab.tokenizer.decode_str(constraint.forced())
     assert forced.startswith('\n{"name":')  # the grammar writes the call's frame itself
-    for token in _tokens(vocab, '\n{"name": "calculator", "arguments": {"'):
-        assert constraint.allows(token)
-        constraint.accept(token)
+    _write(constraint, vocab, '\n{"name": "calculator", "arguments": {"')
     assert constraint.allows(_tokens(vocab, "expression")[0])
     assert not constraint.allows(_tokens(vocab, "path")[0])  # the calculator's schema has no such argument
 
@@ -168,14 +171,10 @@ def test_a_bare_call_at_the_start_is_constrained_from_its_first_token(vocab):
 @pytest.mark.model
 def test_a_bare_call_in_doubled_braces_is_constrained_too(vocab):
     constraint = Constraint(vocab, triggers=triggers(TOOLS, vocab))
-    for token in _tokens(vocab, '{{"name": "'):
-        assert constraint.allows(token)
-        constraint.accept(token)
+    _write(constraint, vocab, '{{"name": "')
     assert constraint.active and constraint.gave_up is None
     assert constraint.allows(_tokens(vocab, "calculator")[0]) and not constraint.allows(_tokens(vocab, "launch")[0])
-    for token in _tokens(vocab, 'calculator", "arguments": {"expression": "4"}}'):
-        assert constraint.allows(token)
-        constraint.accept(token)
+    _write(constraint, vocab, 'calculator", "arguments": {"expression": "4"}}')
     assert not constraint.finished and constraint.allows(_tokens(vocab, "}")[0])  # the doubled brace closes it
 
 
