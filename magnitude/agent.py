@@ -44,6 +44,8 @@ SYSTEM_PROMPT = ("You are an assistant that completes the user's task. Call a to
 #: After tool results: small models otherwise go on calling tools after they have what they need.
 _NEXT = ("Task: {goal}\nIf a step of the task is still missing (arithmetic: never in your head; another file or "
          "memory), call the tool for it. Otherwise reply with the answer now.")
+#: A repeated call's result, the first time: small models repeat a lookup instead of taking the next step.
+_REPEATED = "{output}\n(This call was made before; this is its result again. Do not repeat it.)"
 _SUMMARY_PROMPT = ("Summarize the conversation above in a few sentences. Keep every name, number, file name and "
                    "tool result that the task may still need.")
 #: Tokens a template's tool section adds beyond the tools' JSON, before the first reply tells the real figure.
@@ -116,6 +118,18 @@ def _canonical(arguments: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+def _result(call: ToolCall) -> str:
+    """What a call gives back to the model: its output, or its error."""
+    return call.output if call.error is None else f"Error: {call.error}"
+
+
+def _mentions(names: list[str]) -> re.Pattern[str]:
+    """Finds a tool named in prose, as models spell it there (``file_reader``, "file reader", "File-Reader"); the
+    match's ``lastgroup`` is ``t<index>`` of the tool in ``names``."""
+    spelled = (r"[_\s-]".join(re.escape(part) for part in re.split(r"[_\s-]", name)) for name in names)
+    return re.compile("|".join(rf"(?P<t{i}>\b{s}\b)" for i, s in enumerate(spelled)) or "(?!)", re.IGNORECASE)
+
+
 def tool_specs(tools: list[dict]) -> list[dict]:
     """The tool service's ``tool.list`` entries in the OpenAI shape the ``chat`` message takes."""
     return [{"type": "function", "function": {"name": t["name"], "description": t["description"],
@@ -161,9 +175,11 @@ class _Run:
             context.overhead = (yield from self._budgeted(context.count(json.dumps(specs)))) + _TEMPLATE_GUESS
             trace.memories = yield from self._recall()
             history: list[Turn] = []
-            made: set[tuple[str, str]] = set()  # (tool, arguments) of the calls already run
+            made: dict[tuple[str, str], ToolCall] = {}  # (tool, arguments) of each call already run
             last_compressed, answer_now, forced = -_COMPRESS_EVERY, False, None
-            names = re.compile(r"\b(" + "|".join(re.escape(t["function"]["name"]) for t in specs) + r")\b")
+            told: tuple[int, int] | None = None  # (history length, step) where a repeated call was answered
+            tool_names = [t["function"]["name"] for t in specs]
+            mentions = _mentions(tool_names)
             for index in range(1, self.max_iterations + 1):
                 t0 = time.monotonic()
                 compress = index - last_compressed >= _COMPRESS_EVERY and (yield from self._advised_to_compress())
@@ -181,28 +197,37 @@ class _Run:
                     last_compressed = index
                 message = reply["message"]
                 calls = message.get("tool_calls") or []
-                named = names.search(step.content) if specs and forced is None and choice == "auto" else None
+                named = (mentions.search(step.content) if specs and not made and forced is None and choice == "auto"
+                         else None)
                 if not calls and named and index < self.max_iterations:
-                    # It wrote about a call (in prose, or as JSON no parser takes) instead of making it: once
-                    # per run, ask again with that tool named, so the call comes out in the model's own format.
-                    forced = step.intended = named.group(1)
+                    # Before any tool ran, it wrote about a call (in prose, or as JSON no parser takes) instead of
+                    # making it: once per run, ask again with that tool named, so the call comes out in the model's
+                    # own format. (Once tools have run, a tool's name in a reply is a report of what was done.)
+                    forced = step.intended = tool_names[int(named.lastgroup[1:])]
                     continue
                 forced = forced and ""  # a named call is asked for once
                 if not calls:
                     trace.answer, trace.stopped = step.content, "final_answer"
                     break
-                keys = {(c["function"]["name"], _canonical(c["function"]["arguments"])) for c in calls}
-                if keys <= made:  # it asks again for what it has read: do not run it, ask for the answer
-                    step.repeated = answer_now = True
+                keys = [(c["function"]["name"], _canonical(c["function"]["arguments"])) for c in calls]
+                step.repeated = all(key in made for key in keys)  # it asks again for what it has: not run again
+                if step.repeated and told is not None:  # told once already: the next step must answer
+                    if told[1] == index - 1:  # right after being told: that did not help, so it is taken back
+                        del history[told[0]:]  # (the prompt is then a prefix of the last: its KV stays)
+                    answer_now = True
                     continue
-                made |= keys
+                if step.repeated:  # once per run: the result again, with a note, in the call's place
+                    told = (len(history), index)
                 history.append(Turn("assistant", turn_text(message), message=message))  # as sent: the KV matches
-                for call in calls:
-                    done = yield from self._call_tool(call)
-                    step.calls.append(done)
-                    result = done.output if done.error is None else f"Error: {done.error}"
+                for call, key in zip(calls, keys):
+                    if step.repeated:
+                        result = _REPEATED.format(output=_result(made[key]))
+                    else:
+                        done = made[key] = yield from self._call_tool(call)
+                        step.calls.append(done)
+                        result = _result(done)
                     history.append(Turn("tool", result, message={"role": "tool", "tool_call_id": call.get("id"),
-                                                                 "name": done.name, "content": result}))
+                                                                 "name": key[0], "content": result}))
                 history.append(Turn("user", _NEXT.format(goal=trace.goal)))
                 step.ms = round((time.monotonic() - t0) * 1000, 1)
         except ServiceError as err:  # inference itself failed: the run cannot go on

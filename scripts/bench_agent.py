@@ -186,6 +186,7 @@ class Outcome:
     valid_calls: int
     seconds: float
     error: str | None = None
+    trace: list[dict] | None = None  # Magnitude's steps (text, calls, outputs), for reading why a task failed
 
     @property
     def ok(self) -> bool:
@@ -261,7 +262,7 @@ def run_magnitude(config: Config, tasks: list[Task], tag: str) -> Phase:
             trace = agent.run(task.goal, session_id=f"bench-{tag}")
             calls = [c for s in trace.steps for c in s.calls]
             outcome = Outcome(task, trace.answer, len(trace.steps), len(calls), sum(c.valid for c in calls),
-                              time.monotonic() - t0, trace.error)
+                              time.monotonic() - t0, trace.error, trace.to_dict()["steps"])
             phase.outcomes.append(outcome)
             progress("magnitude", i, len(tasks), outcome)
     finally:
@@ -464,7 +465,8 @@ def main() -> int:
         args.json.write_text(json.dumps([{"model": r["model"], **{
             system: [{"goal": o.task.goal, "kind": o.task.kind, "expected": o.task.expected, "answer": o.answer,
                       "ok": o.ok, "steps": o.steps, "calls": o.calls, "valid_calls": o.valid_calls,
-                      "seconds": round(o.seconds, 2), "error": o.error} for o in r[system].outcomes]
+                      "seconds": round(o.seconds, 2), "error": o.error, "trace": o.trace}
+                     for o in r[system].outcomes]
             for system in ("magnitude", "peer") if system in r}} for r in results], indent=1))
     return 0
 

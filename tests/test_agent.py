@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from magnitude.agent import Agent, AsyncAgent, Request, _Run, submit_feedback
+from magnitude.agent import Agent, AsyncAgent, Request, _mentions, _Run, submit_feedback
 from shared.client import Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import REPO, ServiceProcess, make_config, write_config
@@ -90,16 +90,29 @@ def test_bad_arguments_go_back_to_the_model_as_a_tool_error():
     assert last_chat["messages"][-2]["content"].startswith("Error: bad_request")
 
 
-def test_a_repeated_call_is_not_run_and_the_next_step_must_answer():
+def test_a_repeated_call_gets_its_result_again_once_then_the_next_step_must_answer():
+    first = {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]}
     again = {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression":"23 * 47"}', "c2")]}
-    services = Scripted([{"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]},
-                         again, {"role": "assistant", "content": "1081"}])
+    services = Scripted([first, again, again, {"role": "assistant", "content": "1081"}])
     trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
-    assert [s.repeated for s in trace.steps] == [False, True, False] and trace.answer == "1081"
-    assert sum(r.type == "tool.call" for r in services.requests) == 1  # the repeat was not run
+    assert [s.repeated for s in trace.steps] == [False, True, True, False] and trace.answer == "1081"
+    assert sum(r.type == "tool.call" for r in services.requests) == 1  # the repeats were not run
     chats = [r.body for r in services.requests if r.type == "chat"]
-    assert [c["tool_choice"] for c in chats] == ["auto", "auto", "none"]
-    assert chats[2]["messages"] == chats[1]["messages"]  # the repeat is not in the history: same prompt, same KV
+    assert [c["tool_choice"] for c in chats] == ["auto", "auto", "auto", "none"]
+    assert chats[2]["messages"][-2]["content"].startswith("1081\n(This call was made before")  # its result again
+    # repeated again right after: the note did not help, so it is taken back (a prefix of the prompt: same KV)
+    assert chats[3]["messages"] == chats[1]["messages"]
+
+
+def test_a_repeat_after_progress_keeps_the_progress_and_must_answer():
+    first = {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]}
+    other = {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "1081 + 1"}', "c3")]}
+    services = Scripted([first, first, other, other, {"role": "assistant", "content": "1082"}])
+    trace = drive(_Run(parse_config({}), "What is 23 * 47 + 1?", "s1", 6), services)
+    assert [s.repeated for s in trace.steps] == [False, True, False, True, False] and trace.answer == "1082"
+    chats = [r.body for r in services.requests if r.type == "chat"]
+    assert [c["tool_choice"] for c in chats] == ["auto", "auto", "auto", "auto", "none"]
+    assert chats[4]["messages"] == chats[3]["messages"]  # the second repeat is dropped; the note and the new call stay
 
 
 def test_a_call_written_as_prose_is_asked_for_again_with_the_tool_named_once():
@@ -112,6 +125,18 @@ def test_a_call_written_as_prose_is_asked_for_again_with_the_tool_named_once():
     chats = [r.body for r in services.requests if r.type == "chat"]
     assert [c["tool_choice"] for c in chats] == ["auto", {"type": "function", "function": {"name": "calculator"}}, "auto"]
     assert chats[1]["messages"] == chats[0]["messages"]  # the prose is not in the history
+
+
+@pytest.mark.parametrize("prose, tool", [
+    ("This requires a file reader function.", "file_reader"),  # the 1.5B's spelling
+    ("I will call `memory_search` with the query.", "memory_search"),
+    ("The Calculator can do it.", "calculator"),
+    ("I read the profile_reader docs.", None),  # a longer word is not a tool's name
+])
+def test_a_tool_named_in_prose_is_found_however_it_is_spelled(prose, tool):
+    names = ["calculator", "file_reader", "memory_search"]
+    found = _mentions(names).search(prose)
+    assert (names[int(found.lastgroup[1:])] if found else None) == tool
 
 
 def test_inference_failure_ends_the_run_with_an_error_and_max_iterations_bounds_it():

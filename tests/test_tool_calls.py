@@ -36,6 +36,9 @@ CALL = '{"name": "calculator", "arguments": {"expression": "2+2"}}'
     (f"Sure:\n```json\n{CALL}\n```", "Sure:"),
     (f"```\n[{CALL}]\n```", ""),
     (f"<tool_call>\n{CALL}", ""),  # unclosed at the end of the reply: still a call
+    ("{" + CALL + "}", ""),  # braces doubled, as in a Python format string: {{"name": ...}}} (the 1.5B)
+    ("{" + CALL, ""),  # {{"name": ...}}
+    ("```json\n{" + CALL + "}\n```", ""),
 ])
 def test_calls_are_found_in_every_form_small_models_write(text, content):
     found = scan(text, TOOLS, final=True)
@@ -68,6 +71,7 @@ def test_arguments_are_validated_and_a_bad_call_says_why():
 @pytest.mark.parametrize("text", [
     f"Let me compute.\n<tool_call>\n{CALL}\n</tool_call>",
     f"{CALL}",
+    "{" + CALL + "}",
     f"Here:\n```json\n{CALL}\n```\n",
     "Code:\n```python\nx = 1\n```\nDone.  ",
     '{"name": "Ada"} is a JSON object',
@@ -131,20 +135,23 @@ def _tokens(vocab: Vocabulary, text: str) -> list[int]:
     return vocab.tokenizer.tokenize_str(text, parse_special=True)
 
 
+def _write(constraint: Constraint, vocab: Vocabulary, text: str) -> None:
+    """Feed ``text`` to the constraint token by token, each one allowed."""
+    for token in _tokens(vocab, text):
+        assert constraint.allows(token), text
+        constraint.accept(token)
+
+
 @pytest.mark.model
 def test_the_lazy_grammar_leaves_text_free_and_takes_over_at_the_opener(vocab):
     constraint = Constraint(vocab, triggers=triggers(TOOLS, vocab))
-    for token in _tokens(vocab, "I'll use a tool, maybe {\"x\": 1}.\n"):
-        assert constraint.allows(token)
-        constraint.accept(token)
+    _write(constraint, vocab, "I'll use a tool, maybe {\"x\": 1}.\n")
     assert not constraint.active
     constraint.accept(vocab.single_special("<tool_call>"))
     assert constraint.active
     forced = vocab.tokenizer.decode_str(constraint.forced())
     assert forced.startswith('\n{"name":')  # the grammar writes the call's frame itself
-    for token in _tokens(vocab, '\n{"name": "calculator", "arguments": {"'):
-        assert constraint.allows(token)
-        constraint.accept(token)
+    _write(constraint, vocab, '\n{"name": "calculator", "arguments": {"')
     assert constraint.allows(_tokens(vocab, "expression")[0])
     assert not constraint.allows(_tokens(vocab, "path")[0])  # the calculator's schema has no such argument
 
@@ -159,6 +166,16 @@ def test_a_bare_call_at_the_start_is_constrained_from_its_first_token(vocab):
     assert constraint.active and constraint.gave_up is None
     constraint.accept(_tokens(vocab, ' "')[0])
     assert constraint.allows(_tokens(vocab, "calculator")[0]) and not constraint.allows(_tokens(vocab, "launch")[0])
+
+
+@pytest.mark.model
+def test_a_bare_call_in_doubled_braces_is_constrained_too(vocab):
+    constraint = Constraint(vocab, triggers=triggers(TOOLS, vocab))
+    _write(constraint, vocab, '{{"name": "')
+    assert constraint.active and constraint.gave_up is None
+    assert constraint.allows(_tokens(vocab, "calculator")[0]) and not constraint.allows(_tokens(vocab, "launch")[0])
+    _write(constraint, vocab, 'calculator", "arguments": {"expression": "4"}}')
+    assert not constraint.finished and constraint.allows(_tokens(vocab, "}")[0])  # the doubled brace closes it
 
 
 @pytest.mark.model

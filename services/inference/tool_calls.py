@@ -3,9 +3,10 @@
 Qwen 2.5 (like Hermes, Qwen 3 and most templates that render tools) writes a call as
 ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``; it is also the
 format Magnitude teaches models whose template has no tool support. Small models
-often write the same JSON bare, or in a ```json fence, instead of the tags;
-llama-server drops those as text. The parser takes all three, the bare and fenced
-forms only when they name a real tool.
+often write the same JSON bare, or in a ```json fence, instead of the tags, and
+sometimes with its braces doubled (``{{"name": ...}}}``, the escaping of Python
+format strings); llama-server drops those as text. The parser takes them all, the
+bare and fenced forms only when they name a real tool.
 
 The grammar side is lazy: free text stays free, and a call is constrained (its name
 one of the tools', its arguments valid under that tool's JSON schema) from the moment
@@ -31,8 +32,8 @@ MAX_TOOLS_BYTES = 256 * 1024  # all the tools' schemas together: they become one
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _FENCE = re.compile(r"```([^`\n]*)\n")
 _DECODER = json.JSONDecoder()
-#: A bare or fenced call at the start of the reply, recognised once its "name" key is written.
-_BARE_OPENER = re.compile(rb'\A\s*(?:```(?:json)?[ \t]*\n\s*)?\{"name"')
+#: A bare or fenced call at the start of the reply (its braces maybe doubled), recognised once "name" is written.
+_BARE_OPENER = re.compile(rb'\A\s*(?:```(?:json)?[ \t]*\n\s*)?\{\{?"name"')
 
 
 def _bad(message: str) -> ProtocolError:
@@ -102,7 +103,7 @@ def tagged_grammar(tools: dict[str, Tool], vocab: Vocabulary, single: bool = Fal
 
 def triggers(tools: dict[str, Tool], vocab: Vocabulary) -> list[Trigger]:
     """Lazy grammars for ``tool_choice: auto``: the tagged form anywhere, the bare or fenced form at the start."""
-    bare = compile_lark('start: WS? ("```" "json"? "\\n" call "\\n" "```" | call)\n'
+    bare = compile_lark('start: WS? ("```" "json"? "\\n" call "\\n" "```" | call | "{" call "}")\n'
                         "WS: /[ \\t\\r\\n]+/\n"
                         f"call: {json_lark(_call_schema(tools))}\n", vocab)
     return [Trigger(re.compile(re.escape(OPEN.encode())), tagged_grammar(tools, vocab)),
@@ -137,10 +138,19 @@ class Scan:
 
 
 def _decode(text: str, start: int) -> tuple[Any, int | None]:
+    """The JSON value at ``start`` and where it ends; an object in doubled braces (``{{...}}}`` or ``{{...}}``,
+    as small models copy the escaping of format strings) is read as the object inside."""
     try:
         return _DECODER.raw_decode(text, start)
     except json.JSONDecodeError:
-        return None, None
+        pass
+    if text.startswith("{{", start):
+        try:
+            value, end = _DECODER.raw_decode(text, start + 1)
+        except json.JSONDecodeError:
+            return None, None
+        return value, end + (text.startswith("}", end))
+    return None, None
 
 
 def _validated(name: str, arguments: Any, tools: dict[str, Tool]) -> ToolCall:

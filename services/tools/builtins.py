@@ -46,9 +46,9 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 }
 
 DESCRIPTIONS = {
-    "calculator": "Evaluate an arithmetic expression exactly.",
-    "file_reader": "Read a text file from the allowed folders.",
-    "memory_search": "Search long-term memory for notes related to a query.",
+    "calculator": "Evaluate an arithmetic expression exactly. Use it for every calculation; it knows no facts.",
+    "file_reader": "Read a text file by its path. Use it whenever the task names a file.",
+    "memory_search": "Search long-term memory for notes related to a query. Not for files.",
 }
 
 # --- calculator --------------------------------------------------------------------------------
