@@ -372,10 +372,11 @@ def test_chat_refusals_are_400(client):
 
 
 def test_the_docs_snippet_runs_as_written(stack):
-    """docs/gateway.md's Python block, run against this stack: only its URL is this gateway's."""
+    """docs/gateway.md's Python block, run against this stack: only its URL is this gateway's. README.md shows
+    the same block."""
     text = (REPO / "docs" / "gateway.md").read_text()
     snippet = text.split("<!-- snippet:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
-    assert "http://localhost:8000/v1" in snippet
+    assert "http://localhost:8000/v1" in snippet and f"```python\n{snippet}```" in (REPO / "README.md").read_text()
     snippet = snippet.replace("http://localhost:8000/v1", f"{stack['open'].url}/v1")
     out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
