@@ -25,7 +25,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "calculator": {
         "type": "object",
         "properties": {"expression": {"type": "string", "minLength": 1, "maxLength": 120,
-                                      "description": "arithmetic, e.g. (3 + 4) * 2 ** 3, sqrt(2)"}},
+                                      "description": "the numbers of the task with + - * / ** and parentheses; sqrt, log, round ..."}},
         "required": ["expression"],
         "additionalProperties": False,
     },
