@@ -25,7 +25,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
     "calculator": {
         "type": "object",
         "properties": {"expression": {"type": "string", "minLength": 1, "maxLength": 120,
-                                      "description": "the numbers of the task with + - * / ** and parentheses; sqrt, log, round ..."}},
+                                      "description": "arithmetic on the numbers of the task, e.g. 12 * (3.5 + 4) / 2, 2 ** 10, sqrt(2)"}},
         "required": ["expression"],
         "additionalProperties": False,
     },
