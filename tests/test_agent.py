@@ -237,7 +237,11 @@ def test_native_tool_call_is_parsed_and_executed_and_both_drivers_agree(stack):
     assert calls[0]["name"] == "calculator" and calls[0]["valid"] and calls[0]["output"] == "14029218", calls
     assert trace["stopped"] == "final_answer", trace
 
-    agent, async_agent = Agent(config), AsyncAgent(config)
+    # Each driver recalls from a memory collection of its own: runs write their turns into memory, so a second
+    # run of the goal in the same collection starts from another prompt (the first run's turns recalled).
+    def own_memory(name):
+        return config.model_copy(update={"agent": config.agent.model_copy(update={"memory_collection": name})})
+    agent, async_agent = Agent(own_memory("drivers-blocking")), AsyncAgent(own_memory("drivers-async"))
     try:
         blocking = agent.run("What is 4738 * 2961?")
         awaited = asyncio.run(async_agent.run("What is 4738 * 2961?"))
