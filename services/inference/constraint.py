@@ -169,6 +169,8 @@ class Constraint:
         self._text = bytearray()
         self.triggered_at: int | None = None  # byte offset where a lazy grammar took over
         self.gave_up: str | None = None  # why a triggered grammar could not take the output written so far
+        # ``forced()`` since the last accepted token: the scheduler drafts them, the sampler asks again at that position
+        self._forced: list[int] | None = None
 
     def _new_matcher(self, grammar: str) -> llguidance.LLMatcher:
         matcher = llguidance.LLMatcher(self.vocab.tokenizer, grammar, log_level=0, limits=_LIMITS)
@@ -187,8 +189,10 @@ class Constraint:
 
     def forced(self) -> list[int]:
         """Tokens the grammar allows no alternative to, from here on."""
-        m = self._matcher
-        return m.compute_ff_tokens() if m is not None and not m.is_stopped() else []
+        if self._forced is None:
+            m = self._matcher
+            self._forced = m.compute_ff_tokens() if m is not None and not m.is_stopped() else []
+        return self._forced
 
     def allows(self, token: int) -> bool:
         m = self._matcher
@@ -220,6 +224,7 @@ class Constraint:
 
     def accept(self, token: int) -> None:
         self.tokens.append(token)
+        self._forced = None
         if self._matcher is not None:
             self._matcher.consume_token(token)
             return

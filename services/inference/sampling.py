@@ -18,20 +18,18 @@ import llama_cpp
 import numpy as np
 from llama_cpp import _internals
 
-from services.inference.constraint import Constraint, LlamaGrammar, gbnf_constraint
+from services.inference.constraint import Constraint, LlamaGrammar
 
 
 class TokenSampler:
     def __init__(self, model: _internals.LlamaModel, ctx: _internals.LlamaContext, *, temperature: float,
-                 top_k: int, top_p: float, seed: int, grammar: str | None = None,
-                 constraint: Constraint | None = None):
-        self._model, self._ctx = model, ctx
-        self.constraint: Constraint | LlamaGrammar | None = gbnf_constraint(grammar, model) if grammar else constraint
-        self._greedy = temperature <= 0
-        self._chain = _internals.LlamaSampler()
-        if self._greedy:
-            self._chain.add_greedy()
-        else:
+                 top_k: int, top_p: float, seed: int, constraint: Constraint | LlamaGrammar | None = None):
+        self._ctx = ctx
+        self._n_vocab = model.n_vocab()
+        self.constraint = constraint
+        self._chain: _internals.LlamaSampler | None = None  # greedy: an argmax, no chain
+        if temperature > 0:
+            self._chain = _internals.LlamaSampler()
             self._chain.add_top_k(top_k)
             self._chain.add_top_p(top_p, 1)
             self._chain.add_temp(temperature)
@@ -40,7 +38,8 @@ class TokenSampler:
     def close(self) -> None:
         if self.constraint is not None:
             self.constraint.close()
-        self._chain.close()
+        if self._chain is not None:
+            self._chain.close()
 
     def forced(self) -> list[int]:
         """Tokens the constraint forces after the last sampled one: drafts that cannot be rejected."""
@@ -48,10 +47,10 @@ class TokenSampler:
 
     def _logits(self, batch_index: int) -> np.ndarray:
         return np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx.ctx, batch_index),
-                                     shape=(self._model.n_vocab(),))
+                                     shape=(self._n_vocab,))
 
     def _pick(self, batch_index: int) -> int:
-        if self._greedy:
+        if self._chain is None:
             return int(self._logits(batch_index).argmax())
         return llama_cpp.llama_sampler_sample(self._chain.sampler, self._ctx.ctx, batch_index)
 
