@@ -79,6 +79,9 @@ def test_tunes_one_knob_at_a_time_and_keeps_what_helps(home):
         assert status["phase"] == "settled" and status["load_class"] == "decode"
         kept = [d for d in status["decisions"] if d["kept"]]
         assert kept and kept[0]["knob"] == "spec_draft_tokens"
+        # The optimizer's last configure may still be on its way when it reports settled: wait for it to land.
+        wait_for(lambda: ask(inference, "health")["settings_id"] == status["settings_id"],
+                 what="inference to run the settled settings")
         final = ask(inference, "health")
         assert final["settings"]["spec_draft_tokens"] >= 4 and final["settings"]["n_threads"] == 2
         assert status["settings_id"] == final["settings_id"]
