@@ -49,6 +49,7 @@ class ErrorCode:
     NOT_FOUND = "not_found"  # a named thing (session, shm buffer, model) is unknown
     INTERNAL = "internal"  # the handler failed; the service keeps serving
     TOOL_FAILED = "tool_failed"  # a tool timed out, crashed, ran out of memory or raised; message says which
+    CANCELLED = "cancelled"  # the client cancelled the request (``cancel``) or went away
 
 
 class ProtocolError(Exception):
@@ -63,11 +64,14 @@ class ProtocolError(Exception):
 
 @dataclass(frozen=True)
 class Field:
-    """One body field of a message type: its Python type(s) and whether it is required."""
+    """One body field of a message type: its Python type(s), whether it is required, and its bounds."""
 
     types: type | tuple[type, ...]
     required: bool = False
     max_len: int | None = None  # for str / list / bytes
+    min: float | None = None  # for numbers: the least value allowed
+    max: float | None = None  # ... and the greatest
+    above: bool = False  # ``min`` itself is excluded (top_p > 0)
 
 
 @dataclass(frozen=True)
@@ -83,21 +87,42 @@ class MessageSpec:
 
 _NUMBER = (int, float)
 _SHM_HANDLE = Field(dict)
-#: What generate and chat share: sampling, stop sequences, streaming, the model.
+
+# --- the bounds of a generation request: the one place they are written (the gateway imports them) ---
+MAX_TOKENS = 32768
+MAX_TEMPERATURE = 2.0
+MAX_TOP_K = 1000
+MAX_SEED = 2**32 - 1
+MAX_STOPS = 16
+MAX_STOP_CHARS = 256
+MAX_MESSAGES = 4096
+MAX_TOOLS = 128
+MAX_OWNER_CHARS = 96
+MAX_MODEL_NAME_CHARS = 64
+
+#: What generate and chat share: sampling, stop sequences, streaming, the model, and who the caller is.
 _GENERATION = {
-    "max_tokens": Field(int),
-    "temperature": Field(_NUMBER),
-    "top_p": Field(_NUMBER),
-    "top_k": Field(int),
-    "seed": Field(int),
-    "stop": Field(list, max_len=16),
+    "max_tokens": Field(int, min=1, max=MAX_TOKENS),
+    "temperature": Field(_NUMBER, min=0, max=MAX_TEMPERATURE),
+    "top_p": Field(_NUMBER, min=0, max=1, above=True),
+    "top_k": Field(int, min=0, max=MAX_TOP_K),
+    "seed": Field(int, min=0, max=MAX_SEED),
+    "stop": Field(list, max_len=MAX_STOPS),
     "stream": Field(bool),
-    "model": Field(str, max_len=64),
+    "model": Field(str, max_len=MAX_MODEL_NAME_CHARS),
     "cache_prompt": Field(bool),
+    # The tenant a relaying peer (the gateway: the API key's name) acts for; KV is reused only within one.
+    "owner": Field(str, max_len=MAX_OWNER_CHARS),
 }
 
 MESSAGES: dict[str, MessageSpec] = {
     "health": MessageSpec("*", doc="Liveness and vital figures: ok, uptime, model, memory."),
+    "cancel": MessageSpec(
+        "*", {"id": Field(str, required=True, max_len=128)},
+        doc="Stop the request with this id (and the envelope's session) that this client sent: queued, it never "
+            "runs; running, it ends at the next scheduler step with a 'cancelled' error. Answered by the service "
+            "loop at once: 'cancelled' says whether such a request was in flight.",
+    ),
     "generate": MessageSpec(
         "inference",
         {
@@ -112,8 +137,8 @@ MESSAGES: dict[str, MessageSpec] = {
     "chat": MessageSpec(
         "inference",
         {
-            "messages": Field(list, required=True, max_len=4096),
-            "tools": Field(list, max_len=128),
+            "messages": Field(list, required=True, max_len=MAX_MESSAGES),
+            "tools": Field(list, max_len=MAX_TOOLS),
             "tool_choice": Field((str, dict)),
             "response_format": Field(dict),
             **_GENERATION,
@@ -293,6 +318,14 @@ class Request:
     type: str
     session: str | None
     body: dict[str, Any]
+    #: Who sent it, as the receiving service knows it (never from the wire): "local" for a peer of an ipc or
+    #: loopback endpoint, "curve:<public key>" for a CURVE-authenticated one.
+    peer: str = "local"
+
+    @property
+    def key(self) -> tuple[str | None, str]:
+        """What identifies the request for retries and ``cancel``: (session, id)."""
+        return self.session, self.id
 
 
 def _unpack_map(frame: bytes) -> dict:
@@ -317,6 +350,11 @@ def _check_field(name: str, spec: Field, value: Any, request_id: str) -> None:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r} must be finite", request_id)
     if spec.max_len is not None and len(value) > spec.max_len:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r} longer than {spec.max_len}", request_id)
+    low_ok = spec.min is None or (value > spec.min if spec.above else value >= spec.min)
+    if not low_ok or (spec.max is not None and value > spec.max):
+        low = "" if spec.min is None else f"{spec.min:g} {'<' if spec.above else '<='} "
+        high = "" if spec.max is None else f" <= {spec.max:g}"
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r} must be {low}{name}{high}", request_id)
 
 
 def decode_request(frame: bytes, *, max_frame_bytes: int, handled: set[str]) -> Request:

@@ -20,10 +20,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-#: The most tokens one request may generate (the inference service's bound).
-MAX_TOKENS = 32768
-#: llama.cpp samples with a 32-bit seed.
-MAX_SEED = 2**32 - 1
+from shared.protocol import (MAX_MESSAGES, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS, MAX_TEMPERATURE, MAX_TOKENS,
+                             MAX_TOOLS, MAX_TOP_K)
 
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
 
@@ -52,7 +50,7 @@ def Whole(ge: int, le: int) -> Any:
 #: A free-form JSON object (a JSON schema, feedback details) as the mesh can carry it.
 JsonObject = Annotated[dict[str, Any], AfterValidator(_mesh_numbers)]
 ModelName = Annotated[str, Field(min_length=1, max_length=64, description="a name from GET /v1/models")]
-StopString = Annotated[str, Field(min_length=1, max_length=256)]
+StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 PromptText = Annotated[str, Field(min_length=1)]
 
 
@@ -72,11 +70,11 @@ class SamplingParams(_Request):
 
     model: ModelName
     max_tokens: Whole(1, MAX_TOKENS) | None = Field(None, description="default: engine.default_max_tokens")
-    temperature: float | None = Field(None, ge=0, le=2)
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: Whole(0, 1000) | None = Field(None, description="extension (as llama-server)")
+    top_k: Whole(0, MAX_TOP_K) | None = Field(None, description="extension (as llama-server)")
     seed: Whole(0, MAX_SEED) | None = Field(None, description="default: a random seed per request")
-    stop: StopString | Annotated[list[StopString], Field(max_length=16)] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
     stream: bool = False
     n: Whole(1, 1) | None = Field(None, description="one choice per request")
     frequency_penalty: float | None = Field(None, ge=0, le=0, description="not supported: only 0")
@@ -165,8 +163,8 @@ ResponseFormat = Annotated[TextFormat | JsonObjectFormat | JsonSchemaResponseFor
 
 
 class ChatCompletionRequest(SamplingParams):
-    messages: list[ChatMessage] = Field(min_length=1, max_length=4096)
-    tools: list[Tool] | None = Field(None, max_length=128)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
+    tools: list[Tool] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = Field(None, description="accepted; the model decides how many calls")
     response_format: ResponseFormat | None = None
