@@ -18,6 +18,10 @@ workers: it exits once every request it accepted has had its final reply forward
 so a request a worker has taken but not yet counted as running (a first prefill)
 is still answered.
 
+``cancel`` (answered by this loop too) marks an accepted request cancelled: a queued one is answered
+``cancelled`` instead of running, and a subclass that runs long work checks ``is_cancelled`` as it goes
+(the inference scheduler does at every step).
+
 Request ids are retry-safe: a request whose (session, id) is already running is
 not run again (the retry gets the same final reply), and the last successful
 replies are kept, so a client that lost a reply and retries gets it back
@@ -110,6 +114,7 @@ class Service:
         # (session, id) of every accepted request until its final reply is forwarded -> routing headers
         # of retries waiting for the same request
         self._inflight: dict[tuple, list[list[bytes]]] = {}
+        self._cancelled: set[tuple] = set()  # keys of accepted requests whose clients cancelled them
         self._done: OrderedDict[tuple, bytes] = OrderedDict()  # (session, id) -> final ok reply frame
         self._done_bytes = 0
         self.metrics = metrics_for(self.name, os.getpid(), queue_depth=self._jobs.qsize,
@@ -145,6 +150,14 @@ class Service:
     def beat(self) -> None:
         """The calling worker is alive and making progress."""
         self._beats[threading.current_thread().name] = time.monotonic()
+
+    def is_cancelled(self, key: tuple) -> bool:
+        """Whether the client of the request ``key`` ((session, id)) cancelled it; safe from any thread."""
+        return key in self._cancelled
+
+    def worker_loops(self) -> list[Callable[[zmq.Socket], None]]:
+        """What each worker thread runs (it gets its own reply socket): ``workers`` copies of ``work_loop``."""
+        return [self.work_loop] * self.workers
 
     def make_telemetry(self) -> Telemetry:
         """Where this service's samples go: the optimizer (which overrides this: it must not report to itself)."""
@@ -218,8 +231,8 @@ class Service:
         self._serve_metrics()
         replies = self._ctx.socket(zmq.PULL)
         replies.bind(self._reply_inproc)
-        self._workers = [threading.Thread(target=self._work, name=f"{self.name}-worker-{i}", daemon=True)
-                         for i in range(self.workers)]
+        self._workers = [threading.Thread(target=self._work, args=(loop,), name=f"{self.name}-worker-{i}",
+                                          daemon=True) for i, loop in enumerate(self.worker_loops())]
         for w in self._workers:
             w.start()
         self.telemetry.start()
@@ -240,7 +253,7 @@ class Service:
                     break
             for sock, _ in poller.poll(100):
                 if sock is frontend:
-                    self._on_frame(frontend, frontend.recv_multipart(copy=True))
+                    self._on_frame(frontend, frontend.recv_multipart(copy=False))
                 else:
                     self._forward(frontend, replies.recv_multipart())
             if time.monotonic() - last_reap > 5:
@@ -272,14 +285,24 @@ class Service:
         if started_at is not None:
             self.telemetry.request_done(msg_type, now - received_at, started_at - received_at, code)
 
-    def _on_frame(self, frontend: zmq.Socket, frames: list[bytes]) -> None:
+    def _peer(self, frame: zmq.Frame) -> str:
+        """Who sent ``frame``: the CURVE client's public key (set by the ZAP handler), else the local account."""
+        if self._curve is None:
+            return "local"
+        try:
+            return f"curve:{frame.get('User-Id')}"
+        except zmq.ZMQError:  # no user id: cannot happen past a CURVE handshake, but never guess a name
+            return "curve:unknown"
+
+    def _on_frame(self, frontend: zmq.Socket, frames: list[zmq.Frame]) -> None:
         if len(frames) < 2:
             return  # not from a DEALER/REQ peer; nothing to route a reply to
-        header, payload = frames[:-1], frames[-1]
+        header, payload = [f.bytes for f in frames[:-1]], frames[-1].bytes
         received_at = time.monotonic()
         try:
             req = decode_request(payload, max_frame_bytes=self.config.runtime.max_frame_bytes,
-                                 handled=set(self._handlers) | self.scheduled | set(self._inline))
+                                 handled=set(self._handlers) | self.scheduled | set(self._inline) | {"cancel"})
+            req.peer = self._peer(frames[-1])
         except ProtocolError as err:
             self.log.warning("bad_request", code=err.code, error=err.message)
             self._account(INVALID_TYPE, received_at, err.code)
@@ -291,6 +314,13 @@ class Service:
             frontend.send_multipart(header + [encode_error(
                 req.id, ErrorCode.UNAUTHORIZED, f"{req.type} changes the box: on a tcp endpoint it needs a "
                 "CURVE-authenticated client (runtime.curve: true and keys from scripts/keys), or use the ipc socket")])
+            return
+        if req.type == "cancel":
+            target = (req.session, req.body["id"])
+            if target in self._inflight:
+                self._cancelled.add(target)
+            self._account(req.type, received_at)
+            frontend.send_multipart(header + [encode_reply(req.id, "ok", {"cancelled": target in self._cancelled})])
             return
         if req.type in self._inline:
             reply = encode_reply(req.id, "ok", self._inline[req.type]())
@@ -334,6 +364,7 @@ class Service:
         self._account(msg_type, received_at, code, started_at)
         frontend.send_multipart(frames[1:])
         key = (session, request_id)
+        self._cancelled.discard(key)
         retries = self._inflight.pop(key, None)
         if retries is not None:  # the job's one final reply has gone: it stops counting as running
             with self._running_lock:
@@ -346,28 +377,33 @@ class Service:
             while self._done_bytes > _REMEMBERED_BYTES:
                 self._done_bytes -= len(self._done.popitem(last=False)[1])
 
-    def _work(self) -> None:
+    def _work(self, loop: Callable[[zmq.Socket], None]) -> None:
         out = self._ctx.socket(zmq.PUSH)
         out.connect(self._reply_inproc)
         try:
-            self.work_loop(out)
+            loop(out)
         except BaseException:  # a bug in the loop itself: health now says so, and the watchdog restarts us
             self.log.exception("worker_died", worker=threading.current_thread().name)
         finally:
             out.close(linger=1000)
 
-    def next_job(self, timeout_s: float | None) -> Job | None:
+    def next_job(self, timeout_s: float | None, out: zmq.Socket) -> Job | None:
         """The next queued request (waiting up to ``timeout_s``; None or 0 = don't wait), or None. Beats first.
-        From here until its final reply the job counts as running."""
-        self.beat()
-        try:
-            job = self._jobs.get(timeout=timeout_s) if timeout_s else self._jobs.get_nowait()
-        except queue.Empty:
-            return None
-        with self._running_lock:
-            self._running_jobs += 1
-        job.started_at = self._beats[threading.current_thread().name] = time.monotonic()
-        return job
+        From here until its final reply the job counts as running. A job cancelled while it waited is answered
+        ``cancelled`` on ``out`` and skipped."""
+        while True:
+            self.beat()
+            try:
+                job = self._jobs.get(timeout=timeout_s) if timeout_s else self._jobs.get_nowait()
+            except queue.Empty:
+                return None
+            with self._running_lock:
+                self._running_jobs += 1
+            job.started_at = self._beats[threading.current_thread().name] = time.monotonic()
+            if not self.is_cancelled(job.request.key):
+                return job
+            self.fail(job, out, ProtocolError(ErrorCode.CANCELLED, "cancelled by the client before it ran"))
+            timeout_s = 0
 
     def idle_and_stopping(self) -> bool:
         return self._stopping.is_set() and self._jobs.empty()
@@ -380,7 +416,7 @@ class Service:
     def work_loop(self, out: zmq.Socket) -> None:
         """One request at a time; a service that batches overrides this."""
         while True:
-            job = self.next_job(0.2)
+            job = self.next_job(0.2, out)
             if job is None:
                 if self.idle_and_stopping():
                     return
