@@ -4,6 +4,7 @@ and the lazy constraint on a real vocabulary (Qwen 2.5's, loaded without weights
 from __future__ import annotations
 
 import json
+import time
 
 import llama_cpp
 import numpy as np
@@ -218,3 +219,30 @@ def test_gbnf_takes_llguidance_when_it_can_and_llama_cpp_when_it_nests_deeper(vo
     assert isinstance(gbnf_constraint(deep, vocab_model), LlamaGrammar)  # llama.cpp's own sampler takes it
     with pytest.raises(ProtocolError, match="does not parse"):
         gbnf_constraint("root ::= (", vocab_model)
+
+
+def test_a_backtracking_pattern_is_matched_in_linear_time():
+    """^(a+)+$ against a's and a '!' would take Python's re longer than the universe; RE2 answers at once."""
+    tools = tool_table([{"type": "function", "function": {"name": "echo", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string", "pattern": "^(a+)+$"}}}}}])
+    text = '[{"name": "echo", "arguments": {"text": "' + "a" * 5000 + '!"}}]'
+    t0 = time.perf_counter()
+    [call] = scan(text, tools, final=True).calls
+    assert time.perf_counter() - t0 < 0.5 and "does not match" in call.error
+
+
+@pytest.mark.parametrize("schema, says", [
+    ({"type": "object", "properties": {"x": {"type": "string", "pattern": "(a)\\1"}}}, "properties.x.pattern"),
+    ({"type": "object", "properties": {"x": {"type": "string", "pattern": "a(?=b)"}}}, "linear time"),
+    ({"type": "object", "patternProperties": {"^a": {"type": "string"}}}, "patternProperties"),
+])
+def test_patterns_re2_cannot_run_are_refused_naming_the_field(schema, says):
+    with pytest.raises(ProtocolError) as err:
+        tool_table([{"type": "function", "function": {"name": "t", "parameters": schema}}])
+    assert err.value.code == "bad_request" and says in err.value.message
+
+
+def test_a_property_named_pattern_is_not_a_pattern():
+    tools = tool_table([{"type": "function", "function": {"name": "t", "parameters": {
+        "type": "object", "properties": {"pattern": {"type": "string"}}, "examples": [{"pattern": "(a)\\1"}]}}}])
+    assert scan('{"name": "t", "arguments": {"pattern": "(x)\\\\1"}}', tools, final=True).calls[0].error is None

@@ -36,6 +36,7 @@ import numpy as np
 from llama_cpp import _internals
 from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
+from services.inference.patterns import check_patterns
 from shared.grammar import check_grammar, gbnf_pieces
 from shared.protocol import ErrorCode, ProtocolError
 
@@ -52,7 +53,7 @@ def _bad(message: str) -> ProtocolError:
 
 
 def check_schema(schema: Any, what: str = "schema") -> None:
-    """Size and depth of a JSON schema, before it is compiled or validated against."""
+    """Size, depth and patterns (``patterns.py``) of a JSON schema, before it is compiled or validated against."""
     if not isinstance(schema, dict):
         raise _bad(f"{what} must be a JSON object")
     try:
@@ -68,6 +69,7 @@ def check_schema(schema: Any, what: str = "schema") -> None:
             raise _bad(f"{what} nests deeper than {MAX_SCHEMA_DEPTH} levels")
         children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    check_patterns(schema, what)
 
 
 def json_lark(schema: dict) -> str:

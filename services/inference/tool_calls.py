@@ -24,10 +24,10 @@ from typing import Any
 import jsonschema
 
 from services.inference.constraint import Trigger, Vocabulary, check_schema, compile_lark, json_lark
-from shared.protocol import ErrorCode, ProtocolError
+from services.inference.patterns import linear_validator
+from shared.protocol import MAX_TOOLS, ErrorCode, ProtocolError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-MAX_TOOLS = 128
 MAX_TOOLS_BYTES = 256 * 1024  # all the tools' schemas together: they become one grammar
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _FENCE = re.compile(r"```([^`\n]*)\n")
@@ -66,14 +66,13 @@ def tool_table(tools: Any) -> dict[str, Tool]:
         total += len(json.dumps(params))
         if total > MAX_TOOLS_BYTES:
             raise _bad(f"the tools' schemas are over {MAX_TOOLS_BYTES // 1024} KiB together")
-        validator_class = jsonschema.validators.validator_for(params)
         try:
-            validator_class.check_schema(params)
+            validator = linear_validator(params)
         except jsonschema.SchemaError as err:
             raise _bad(f"tools[{i}].function.parameters is not a valid JSON schema: {err.message[:200]}") from None
         if fn["name"] in table:
             raise _bad(f"tools[{i}]: two tools are named {fn['name']!r}")
-        table[fn["name"]] = Tool(fn["name"], params, validator_class(params))
+        table[fn["name"]] = Tool(fn["name"], params, validator)
     return table
 
 
