@@ -16,6 +16,12 @@ for its new tokens. When a request starts, its KV comes from, in this order:
 A slot whose session ended or that served a request without a session keeps its tokens, so its KV stays a
 donor; a free slot whose leftover KV shares the prompt's beginning is taken first (no copy at all).
 
+**KV never crosses owners.** Every request has an owner (the API key's name, the CURVE identity, or the local
+account: ``InferenceService`` says which), and a session id names a session *of that owner*. Donors, a free
+slot's leftovers and sessions are matched only within the request's owner, so how many prompt tokens were
+cached (which a client sees) says nothing about another owner's prompts: a guessed prefix scores the same
+whether another tenant sent it or not.
+
 A request that shares a prefix with a prompt some slot is *prefilling right now* waits for that prefill rather
 than computing the same tokens a second time (``worth_waiting``; the scheduler asks before it admits).
 
@@ -59,10 +65,15 @@ class KvOps(Protocol):
     def trim_seq(self, seq_id: int, keep: int) -> None: ...
 
 
+#: A session as the table knows it: (owner, session id); ids are only unique within their owner.
+SessionKey = tuple[str, str]
+
+
 @dataclass
 class Slot:
     seq_id: int
-    session: str | None = None
+    owner: str | None = None  # whose KV the sequence holds (kept after the session ends: leftovers are theirs)
+    session: SessionKey | None = None
     tokens: list[int] = field(default_factory=list)  # tokens whose KV is in this sequence, in order
     last_used: float = 0.0
     busy: bool = False  # a request runs in it: not to be parked, reused or evicted
@@ -92,47 +103,49 @@ class SessionTable:
         self.share_prefixes = share_prefixes
         self._kv = kv
         self._store = store
-        self._parked: OrderedDict[str, _Parked] = OrderedDict()
+        self._parked: OrderedDict[SessionKey, _Parked] = OrderedDict()
         self.parked_bytes = 0
 
-    def can_admit(self, session: str | None) -> bool:
+    def can_admit(self, session: SessionKey | None) -> bool:
         """Whether a request of ``session`` can start now: its own slot is idle, or an idle slot exists."""
         own = self._resident(session)
         if own is not None:
             return not own.busy
         return any(not s.busy for s in self.slots)
 
-    def _resident(self, session: str | None) -> Slot | None:
+    def _resident(self, session: SessionKey | None) -> Slot | None:
         return next((s for s in self.slots if session is not None and s.session == session), None)
 
-    def worth_waiting(self, prompt: list[int]) -> bool:
-        """True when a slot is prefilling a prompt that shares clearly more of ``prompt`` than any sequence
-        holds now: waiting for it and copying beats computing the same prefix a second time."""
+    def worth_waiting(self, owner: str, prompt: list[int]) -> bool:
+        """True when a slot of ``owner`` is prefilling a prompt that shares clearly more of ``prompt`` than any
+        of its sequences holds now: waiting for it and copying beats computing the same prefix a second time."""
         if not self.share_prefixes:
             return False
-        planned = max((common_prefix_len(s.planned, prompt) for s in self.slots if s.planned), default=0)
+        mine = [s for s in self.slots if s.owner == owner]
+        planned = max((common_prefix_len(s.planned, prompt) for s in mine if s.planned), default=0)
         if planned < MIN_SHARED_TOKENS:
             return False
-        have = max(common_prefix_len(s.tokens, prompt) for s in self.slots)
+        have = max((common_prefix_len(s.tokens, prompt) for s in mine), default=0)
         return planned - have >= MIN_SHARED_TOKENS
 
-    def acquire(self, session: str | None, prompt: list[int], reuse: bool = True) -> Acquired:
-        """A slot for a request of ``session`` (None: no session) whose KV holds the longest prefix of ``prompt``
-        it can get (none with ``reuse`` off); it is held busy until ``release``."""
+    def acquire(self, owner: str, session: SessionKey | None, prompt: list[int], reuse: bool = True) -> Acquired:
+        """A slot for a request of ``owner`` and ``session`` (None: no session) whose KV holds the longest prefix
+        of ``prompt`` it can get from that owner's KV (none with ``reuse`` off); it is held busy until
+        ``release``."""
         if not self.can_admit(session):
             raise ProtocolError(ErrorCode.BUSY, "every session slot is generating; retry later")
         t0 = time.perf_counter()
-        donor = self._donor(prompt) if reuse and self.share_prefixes else None
+        donor = self._donor(owner, prompt) if reuse and self.share_prefixes else None
         slot = self._resident(session)
         source = "resident"
         if slot is None:
-            slot, source = self._take_slot(prompt, donor), "cold"
+            slot, source = self._take_slot(owner, prompt, donor), "cold"
             if session is not None and reuse:
                 source = self._restore(slot, session)
-            if source == "cold" and slot.tokens and not (reuse and self.share_prefixes):
+            if source == "cold" and slot.tokens and not (reuse and self.share_prefixes and slot.owner == owner):
                 self._kv.clear_seq(slot.seq_id)
                 slot.tokens = []
-            slot.session = session
+            slot.session, slot.owner = session, owner
         cached = min(common_prefix_len(slot.tokens, prompt), len(prompt) - 1) if reuse else 0
         if source == "cold":  # the free slot's leftover KV (another request's) may start with this prompt
             cached = cached if cached >= MIN_SHARED_TOKENS else 0
@@ -154,28 +167,30 @@ class SessionTable:
         slot.planned = None
         slot.last_used = time.monotonic()
 
-    def _donor(self, prompt: list[int]) -> Slot | None:
-        best = max(self.slots, key=lambda s: common_prefix_len(s.tokens, prompt))
-        return best if common_prefix_len(best.tokens, prompt) >= MIN_SHARED_TOKENS else None
+    def _donor(self, owner: str, prompt: list[int]) -> Slot | None:
+        mine = [s for s in self.slots if s.owner == owner]
+        best = max(mine, key=lambda s: common_prefix_len(s.tokens, prompt), default=None)
+        return best if best is not None and common_prefix_len(best.tokens, prompt) >= MIN_SHARED_TOKENS else None
 
-    def _take_slot(self, prompt: list[int], donor: Slot | None) -> Slot:
-        """A free slot (the one whose leftover KV matches the prompt best), else the least recently used idle
-        one, parked first; the donor stays resident while another idle slot can go."""
+    def _take_slot(self, owner: str, prompt: list[int], donor: Slot | None) -> Slot:
+        """A free slot (the one whose leftover KV, if the owner's, matches the prompt best), else the least
+        recently used idle one, parked first; the donor stays resident while another idle slot can go."""
         idle = [s for s in self.slots if not s.busy]
         free = [s for s in idle if s.session is None]
         if free:
-            return max(free, key=lambda s: (common_prefix_len(s.tokens, prompt), -s.last_used))
+            return max(free, key=lambda s: (common_prefix_len(s.tokens, prompt) if s.owner == owner else 0,
+                                            -s.last_used))
         victim = min([s for s in idle if s is not donor] or idle, key=lambda s: s.last_used)
         self._park(victim)
         return victim
 
-    def _restore(self, slot: Slot, session: str) -> str:
+    def _restore(self, slot: Slot, session: SessionKey) -> str:
         """Bring a parked (RAM) or saved (disk) session into ``slot``; its source, or "cold" if it has none."""
         parked = self._parked.pop(session, None)
         source = "restored"
         if parked is not None:
             self.parked_bytes -= len(parked.state)
-        elif self._store is not None and (saved := self._store.load(session)) is not None:
+        elif self._store is not None and (saved := self._store.load(stored_name(session))) is not None:
             parked, source = _Parked(*saved), "disk"
         if parked is None:
             return "cold"
@@ -207,7 +222,7 @@ class SessionTable:
                     _, evicted = self._parked.popitem(last=False)
                     self.parked_bytes -= len(evicted.state)
         self._kv.clear_seq(slot.seq_id)
-        slot.session, slot.tokens = None, []
+        slot.session, slot.owner, slot.tokens = None, None, []
 
     def persist(self) -> int:
         """Write every session's KV (resident and parked) to the store, for after a restart; how many."""
@@ -216,37 +231,43 @@ class SessionTable:
         saved = 0
         for slot in self.slots:
             if slot.session is not None and slot.tokens and not slot.busy:
-                saved += self._store.save(slot.session, slot.tokens, self._kv.save_seq(slot.seq_id))
+                saved += self._store.save(stored_name(slot.session), slot.tokens, self._kv.save_seq(slot.seq_id))
         for session, parked in self._parked.items():
-            saved += self._store.save(session, parked.tokens, parked.state)
+            saved += self._store.save(stored_name(session), parked.tokens, parked.state)
         return saved
 
-    def drop(self, session: str) -> bool:
+    def drop(self, session: SessionKey) -> bool:
         """Forget a session's KV wherever it lives (not while it generates); True if there was any."""
         found = False
         for slot in self.slots:
             if slot.session == session and not slot.busy:
                 self._kv.clear_seq(slot.seq_id)
-                slot.session, slot.tokens = None, []
+                slot.session, slot.owner, slot.tokens = None, None, []
                 found = True
         parked = self._parked.pop(session, None)
         if parked is not None:
             self.parked_bytes -= len(parked.state)
             found = True
         if self._store is not None:
-            found = self._store.drop(session) or found
+            found = self._store.drop(stored_name(session)) or found
         return found
 
-    def describe(self, session: str | None) -> dict:
+    def describe(self, session: SessionKey | None) -> dict:
         """Totals, plus where ``session``'s own KV lives: never other sessions' ids (they are capabilities)."""
         resident = {s.session: len(s.tokens) for s in self.slots if s.session is not None}
         if session in resident:
             mine = {"where": "resident", "tokens": resident[session]}
         elif session in self._parked:
             mine = {"where": "parked", "tokens": len(self._parked[session].tokens)}
-        elif session is not None and self._store is not None and self._store.has(session):
+        elif session is not None and self._store is not None and self._store.has(stored_name(session)):
             mine = {"where": "disk", "tokens": None}
         else:
             mine = {"where": "none", "tokens": 0}
         return {"slots": len(self.slots), "resident": len(resident), "parked": len(self._parked),
                 "parked_mb": round(self.parked_bytes / 2**20, 2), "session": mine}
+
+
+def stored_name(session: SessionKey) -> str:
+    """The name a session is saved under: its owner's and its own (the store hashes it)."""
+    owner, session_id = session
+    return f"{owner}\0{session_id}"
