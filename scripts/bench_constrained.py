@@ -33,7 +33,7 @@ from gguf import GGUFReader
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: E402
-from services.inference.chat import Conversations  # noqa: E402
+from services.inference.prepare import Lexicon  # noqa: E402
 from services.inference.constraint import Constraint, LlamaGrammar, gbnf_constraint  # noqa: E402
 from services.inference.scheduler import GenerateParams, Scheduler  # noqa: E402
 from shared import catalog  # noqa: E402
@@ -99,7 +99,7 @@ def magnitude_rows(model_path: Path, reps: int, max_tokens: int, workloads: list
     scheduler = Scheduler.of_one_model(parse_config({"engine": {"model_path": str(model_path), "n_ctx": 4096,
                                                                 "session_slots": 1}}).engine)
     engine = scheduler.models.get(None)[0]
-    conversations = Conversations()
+    lexicon = Lexicon("default", engine.model_path)
     clock = ConstraintClock()
     out = {}
     try:
@@ -112,12 +112,11 @@ def magnitude_rows(model_path: Path, reps: int, max_tokens: int, workloads: list
                     clock.seconds = 0.0
                     if name == ACTION:
                         prompt = ACTION_PROMPT
-                        constraint = ((lambda e: gbnf_constraint(ACTION_GRAMMAR, e.model))
-                                      if mode == "constrained" else None)
+                        constraint = gbnf_constraint(ACTION_GRAMMAR, engine.model) if mode == "constrained" else None
                     else:  # a fresh turn each run: a constraint's state is one generation's
                         body = CHAT_WORKLOADS[name][0 if mode == "constrained" else 1]
-                        turn = conversations.begin(body, None, engine, "default", None)
-                        prompt, constraint = turn.prompt, (lambda e, turn=turn: turn.constraint)
+                        turn = lexicon.chat_turn(body)
+                        prompt, constraint = turn.prompt, turn.constraint
                     result = scheduler.complete(prompt, params, constraint=constraint)
                     if result["decode_tps"]:
                         tps[mode].append(result["decode_tps"])

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from services.inference.chat import Conversations  # noqa: E402
+from services.inference.prepare import Lexicon  # noqa: E402
 from services.inference.scheduler import GenerateParams, Scheduler  # noqa: E402
 from shared import catalog  # noqa: E402
 from shared.config import parse_config  # noqa: E402
@@ -46,8 +46,8 @@ def measure(name: str, reps: int, max_tokens: int) -> dict:
     load_s = time.perf_counter() - t0
     try:
         try:
-            prompt = Conversations().begin({"messages": MESSAGES, "tools": TOOLS, "tool_choice": "none"}, None,
-                                           engine, name, None).prompt
+            prompt = Lexicon(name, engine.model_path).chat_turn({"messages": MESSAGES, "tools": TOOLS,
+                                                                 "tool_choice": "none"}).prompt
         except ProtocolError:  # a base model: the same words as a plain prompt
             prompt = "\n".join(m["content"] for m in MESSAGES) + "\n"
         runs = [scheduler.complete(prompt, GenerateParams(max_tokens=max_tokens)) for _ in range(reps)]

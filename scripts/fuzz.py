@@ -44,7 +44,7 @@ with atheris.instrument_imports(include=["shared", "services"]):
     from services.optimizer.service import OptimizerService
     from services.retrieval.service import RetrievalService
     from services.tools.service import ToolService, shell_argv
-    from shared import catalog, grammar, shm
+    from shared import catalog, shm
     from shared.config import KNOBS, parse_config
     from shared.protocol import MESSAGES, ProtocolError, decode_reply, decode_request, encode_request
     from shared.service import Emitter
@@ -148,19 +148,9 @@ class Services:
     def handle(self, req) -> None:
         service = self.by_name[MESSAGES[req.type].service]
         emit = Emitter(lambda kind, body: None)
-        if req.type in ("generate", "chat"):  # the validation before the scheduler decodes anything
-            try:
-                engine = self.inference.models.get(req.body.get("model"))[0]
-            except FileNotFoundError as exc:
-                raise _not_found(exc)
-            self.inference._params(req.body)
-            if req.type == "chat":  # the model's template renders it; its tools and schemas become a constraint
-                self.inference.conversations.begin(req.body, req.session, engine, "default", None)
-            else:
-                prompt = self.inference._prompt(req)
-                if req.body.get("grammar"):
-                    grammar.check_grammar(req.body["grammar"])
-                engine.tokenize(prompt[:2000])
+        if req.type in ("generate", "chat"):  # the preparing workers' part: everything before the scheduler
+            self.inference.preparer.prepare(req, "fuzz", None, send_ok=lambda body: None, on_error=lambda exc: None,
+                                            cancelled=lambda: False)
         elif req.type in getattr(service, "_control", {}):
             try:
                 service._control[req.type](req)

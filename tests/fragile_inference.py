@@ -17,11 +17,15 @@ class WorkerDied(BaseException):
 
 
 class FragileInference(InferenceService):
-    def next_job(self, timeout_s):
-        job = super().next_job(timeout_s)
-        if job is not None and job.request.type == "generate" and job.request.body.get("prompt") == DIE:
+    def _pass_on(self, job, out):
+        if job.request.type == "generate" and job.request.body.get("prompt") == DIE:
+            return self._hand_over(job)  # to the scheduler's thread as it is: run_job below fails there
+        super()._pass_on(job, out)
+
+    def run_job(self, job, out):
+        if job.request.body.get("prompt") == DIE:
             raise WorkerDied("injected: the scheduler loop itself failed")
-        return job
+        super().run_job(job, out)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ its own template, native tool calls, contents that stay text, session reuse acro
 
 from __future__ import annotations
 
+import functools
 import json
 
 import jinja2
@@ -10,7 +11,7 @@ import jsonschema
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from services.inference.chat import Conversations
+from services.inference.prepare import Lexicon
 from services.inference.engine import Engine
 from shared.client import Client, ServiceError
 from tests.conftest import CHAT_MODEL_PATH, MODEL_PATH, ServiceProcess, make_config, require_model, write_config
@@ -51,7 +52,12 @@ def engine(run_home):
 
 
 def _prompt(engine: Engine, messages: list[dict], tools: list | None = None) -> list[int]:
-    return Conversations().begin({"messages": messages, "tools": tools}, None, engine, "default", None).prompt
+    return _lexicon(engine.model_path).chat_turn({"messages": messages, "tools": tools}).prompt
+
+
+@functools.lru_cache
+def _lexicon(path) -> Lexicon:
+    return Lexicon("default", path)
 
 
 def _reference_render(engine: Engine, messages: list[dict], tools: list) -> str:
@@ -102,21 +108,30 @@ def test_a_native_tool_call_is_parsed_validated_and_streamed_as_a_call(chat_clie
     assert final["forced_tokens"] > 0  # the call's frame came from the grammar, not from sampling
 
 
-def test_session_kv_is_reused_across_chat_turns(chat_client):
+def test_session_reuse_never_changes_a_reply(chat_client):
+    """A three-turn tool conversation: each turn's reply with the session's KV is the reply computed from
+    scratch, and the session's later turns reuse the earlier turns' KV."""
     session = "chat-turns"
-    first = chat_client.request("chat", {"messages": ASK, "tools": TOOLS, "max_tokens": 64, "temperature": 0},
-                                session=session)
-    [call] = first["message"]["tool_calls"]
-    messages = ASK + [first["message"], {"role": "tool", "tool_call_id": call["id"], "content": INJECTION}]
-    second = chat_client.request("chat", {"messages": messages, "tools": TOOLS, "max_tokens": 48, "temperature": 0},
-                                 session=session)
-    # The whole first turn, its reply included, is reused: only the tool result and the new header are prefilled.
-    assert second["cached_tokens"] >= first["prompt_tokens"] + first["completion_tokens"], (first, second)
-    assert second["prefill_tokens"] == second["prompt_tokens"] - second["cached_tokens"]
-    messages += [second["message"], {"role": "user", "content": "Thanks. Now say goodbye."}]
-    third = chat_client.request("chat", {"messages": messages, "tools": TOOLS, "max_tokens": 16, "temperature": 0},
-                                session=session)
-    assert third["cached_tokens"] >= second["prompt_tokens"] + second["completion_tokens"] > second["cached_tokens"]
+    turns = [ASK, [{"role": "user", "content": "Thanks. Now read notes.txt."}],
+             [{"role": "user", "content": "Thanks. Now say goodbye."}]]
+    results = ["1085", "Buy milk.\nCall the vet."]
+    messages: list[dict] = []
+    previous_prompt = 0
+    for i, new in enumerate(turns):
+        messages += new
+        body = {"messages": messages, "tools": TOOLS, "max_tokens": 48, "temperature": 0}
+        reused = chat_client.request("chat", body, session=session)
+        cold = chat_client.request("chat", {**body, "cache_prompt": False})
+        assert reused["message"]["content"] == cold["message"]["content"], i
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in reused["message"]["tool_calls"]] == \
+               [(c["function"]["name"], c["function"]["arguments"]) for c in cold["message"]["tool_calls"]], i
+        assert cold["cached_tokens"] == 0
+        if i:  # everything up to the reply is the earlier turn's prompt, rendered the same: reused
+            assert reused["cached_tokens"] >= previous_prompt > 0, (i, reused)
+        previous_prompt = reused["prompt_tokens"]
+        messages.append(reused["message"])
+        for call, result in zip(reused["message"]["tool_calls"], results[i:]):
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
 
 
 def test_json_schema_output_validates(chat_client):

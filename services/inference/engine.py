@@ -52,7 +52,8 @@ _backend_lock = threading.Lock()
 _backend_ready = False
 
 
-def _init_backend() -> None:
+def init_backend() -> None:
+    """llama.cpp's backend and quiet logging, once per process."""
     global _backend_ready
     with _backend_lock:
         if not _backend_ready:
@@ -68,7 +69,7 @@ Row = tuple[int, int, list[int], int]
 class Engine:
     def __init__(self, cfg: EngineConfig, sessions_dir: Path | None = None):
         """``sessions_dir``: where sessions are saved on drain (None: not saved, e.g. a draft model)."""
-        _init_backend()
+        init_backend()
         path = cfg.resolved_model_path()
         if not path.is_file():
             raise FileNotFoundError(f"model file {path} not found (run scripts/setup, or set engine.model_path)")

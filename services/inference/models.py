@@ -50,6 +50,11 @@ class ModelPool:
             raise ProtocolError(ErrorCode.NOT_FOUND, f"no model {name[:64]!r} (configured: "
                                                      f"{', '.join(sorted(self.paths))})")
 
+    def path_of(self, name: str) -> Path:
+        """The file of a configured model; not_found for a name that is not configured."""
+        self._known(name)
+        return self.paths[name]
+
     def used_bytes(self) -> int:
         return sum(e.memory_bytes for e in self.engines.values())
 

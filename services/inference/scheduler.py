@@ -28,13 +28,14 @@ Control messages (``Control``: ``engine.configure``, ``model.*``) run between st
 context or loads/unloads a model waits until no generation runs, and everything queued after it waits behind
 it, in order; a configure of hot settings only (threads, chunk size, drafting, pause) runs at the next step.
 
-**The seam for request types.** A request type (``generate``, ``chat``) builds a ``GenerationRequest``: prompt
-text or token ids, ``GenerateParams``, an optional ``constraint`` (a factory ``engine -> constraint.Constraint``:
-which tokens may come next, e.g. a grammar or a tool-call shape), and callbacks: ``on_text(piece)`` for streamed
-text, ``on_done(result)`` with the text and its stats, ``on_error(exc)``. A request type whose prompt depends
-on the model (chat renders the model's own template) sets those in ``prepare(engine, model_name)``, called once
-the task has its engine. Tokens the constraint forces are decoded like drafts that cannot be rejected. Prompt
-rendering and output parsing live in the request type's own module; the scheduler only runs generations. The path of a request: ``shared/service.py`` (socket, queue) -> ``service.py``
+**The seam for request types.** A request arrives *prepared* (``prepare.py``, on the service's preparing
+workers, never on this loop): a ``GenerationRequest`` holds the prompt's token ids, ``GenerateParams``, the
+model's name, an optional ``constraint`` (``constraint.Constraint``: which tokens may come next, e.g. a grammar
+or a tool-call shape), who owns it and its session, and callbacks: ``on_text(piece)`` for streamed text,
+``on_done(result)`` with the text and its stats, ``on_error(exc)``, and ``cancelled()``, asked at every step
+(a cancelled request ends with a ``cancelled`` error and frees its slot at once). Tokens the constraint forces
+are decoded like drafts that cannot be rejected. The scheduler only runs generations; it never calls back into
+the service. The path of a request: ``shared/service.py`` (socket, queue) -> ``service.py`` and ``prepare.py``
 (request -> ``GenerationRequest``) -> this file -> ``engine.py`` (``llama_decode``).
 """
 
@@ -76,19 +77,29 @@ class GenerateParams:
     cache_prompt: bool = True  # reuse KV (the session's, a parked copy, a shared prefix); False: compute it all
 
 
+def _never() -> bool:
+    return False
+
+
 @dataclass
 class GenerationRequest:
-    """One generation, as a request type hands it to the scheduler (see the module docstring)."""
+    """One prepared generation, as it reaches the scheduler (see the module docstring)."""
 
-    prompt: str | list[int]
+    prompt: list[int]
     params: GenerateParams
     on_done: Callable[[dict[str, Any]], None]
     on_error: Callable[[Exception], None]
-    session: str | None = None
+    owner: str = "local"  # whose KV it may reuse (sessions.py)
+    session: str | None = None  # a session id of that owner
     model: str | None = None  # a model slot's name; None: the default model
-    constraint: Callable[[Engine], Constraint | LlamaGrammar] | None = None
+    constraint: Constraint | LlamaGrammar | None = None
     on_text: Callable[[str], None] | None = None
-    prepare: Callable[[Engine, str], None] | None = None  # sets the fields above that depend on the model
+    cancelled: Callable[[], bool] = _never
+    stats: dict[str, Any] = field(default_factory=dict)  # figures of its preparation, added to the result
+
+    @property
+    def session_key(self) -> tuple[str, str] | None:
+        return None if self.session is None else (self.owner, self.session)
 
 
 @dataclass
@@ -159,6 +170,7 @@ class Task:
             "peak_batch": self.peak_batch,
             "model": self.model,
             "model_load_ms": self.load_ms,
+            **self.request.stats,
         }
 
 
@@ -216,6 +228,8 @@ class Scheduler:
         """Run one generation to its end on the calling thread, without a service (benchmarks use it); the
         result, or its error raised. ``request``: more ``GenerationRequest`` fields (session, constraint...)."""
         outcome: list = []
+        if isinstance(prompt, str):
+            prompt = self.models.get(request.get("model"))[0].tokenize(prompt)
         self.submit(GenerationRequest(prompt, params, on_done=outcome.append, on_error=outcome.append, **request))
         while not outcome:
             self.step()
@@ -224,6 +238,7 @@ class Scheduler:
         return outcome[0]
 
     def step(self) -> None:
+        self._drop_cancelled()
         self._admit()
         for engine in {id(t.engine): t.engine for t in self.running}.values():
             self._step(engine, [t for t in self.running if t.engine is engine])
@@ -233,6 +248,14 @@ class Scheduler:
         pause_ms = self.models.cfg.decode_pause_ms
         if pause_ms and self.running:
             time.sleep(pause_ms / 1000)
+
+    def _drop_cancelled(self) -> None:
+        """End every task whose client cancelled it, queued or running: its slot is free for this step."""
+        for item in [i for i in self.queue if isinstance(i, Task) and i.request.cancelled()]:
+            self.queue.remove(item)
+            self._fail(item, ProtocolError(ErrorCode.CANCELLED, "cancelled by the client"))
+        for t in [t for t in self.running if t.request.cancelled()]:  # the slot's KV matches its tokens already
+            self._fail(t, ProtocolError(ErrorCode.CANCELLED, "cancelled by the client"))
 
     # --- admission -----------------------------------------------------------------------
     def _admit(self) -> None:
@@ -247,7 +270,7 @@ class Scheduler:
                 self.queue.remove(item)
                 item.run()
                 continue
-            session = item.request.session
+            session = item.request.session_key
             if session is not None and session in held_sessions:
                 continue
             if self._start(item):
@@ -268,26 +291,23 @@ class Scheduler:
             return self._fail(task, exc)
         except FileNotFoundError as exc:
             return self._fail(task, ProtocolError(ErrorCode.NOT_FOUND, str(exc)))
+        except Exception as exc:  # a file llama.cpp cannot load: this request fails, never the loop
+            return self._fail(task, ProtocolError(ErrorCode.BAD_REQUEST, f"model {req.model!r} cannot be loaded: "
+                                                                         f"{type(exc).__name__}"))
         try:
             engine.warm_up()  # a model loaded since the loop started
             if task.engine is not engine:  # first try, or its model was reloaded meanwhile
                 task.engine, task.load_ms = engine, task.load_ms + load_ms
                 task.model = next(name for name, e in self.models.engines.items() if e is engine)
-                if req.prepare is not None:
-                    req.prepare(engine, task.model)
-                task.prompt = engine.tokenize(req.prompt) if isinstance(req.prompt, str) else list(req.prompt)
-                n_ctx = engine.cfg.n_ctx
-                if not 0 < len(task.prompt) < n_ctx:
-                    raise ProtocolError(ErrorCode.BAD_REQUEST, f"prompt is {len(task.prompt)} tokens; n_ctx is {n_ctx}")
-            if not engine.sessions.can_admit(req.session):
+                task.prompt = req.prompt
+            if not engine.sessions.can_admit(req.session_key):
                 return False
-            if req.params.cache_prompt and engine.sessions.worth_waiting(task.prompt):
+            if req.params.cache_prompt and engine.sessions.worth_waiting(req.owner, task.prompt):
                 return False
             p = req.params
             task.sampler = TokenSampler(engine.model, engine.ctx, temperature=p.temperature, top_k=p.top_k,
-                                        top_p=p.top_p, seed=p.seed,
-                                        constraint=req.constraint(engine) if req.constraint else None)
-            task.acquired = engine.sessions.acquire(req.session, task.prompt, reuse=p.cache_prompt)
+                                        top_p=p.top_p, seed=p.seed, constraint=req.constraint)
+            task.acquired = engine.sessions.acquire(req.owner, req.session_key, task.prompt, reuse=p.cache_prompt)
         except Exception as exc:
             return self._fail(task, exc)
         task.slot = task.acquired.slot
@@ -421,6 +441,8 @@ class Scheduler:
         if t.sampler is not None:
             t.sampler.close()
             t.sampler = None
+        elif t.request.constraint is not None:  # it never started: the constraint has no sampler to close it
+            t.request.constraint.close()
         if t.slot is not None:
             t.engine.sessions.release(t.slot)
         if t in self.running:

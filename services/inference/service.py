@@ -1,39 +1,49 @@
-"""The inference process: protocol handlers around the scheduler (``scheduler.py``) and a pool of models.
+"""The inference process: protocol handlers, preparing workers (``prepare.py``), the scheduler and a pool of models.
 
-A ``generate`` or ``chat`` request becomes a ``GenerationRequest`` for the scheduler (prompt, sampling parameters,
-an optional constraint, and reply callbacks; a chat's prompt and constraint come from ``chat.py`` once the
-scheduler has picked the model, whose template they need); the scheduler's loop runs on the service's one worker thread
-and owns every engine. Control messages (``engine.configure``, ``model.*``) are queued in the same line, so
-they run between decode steps; the rest (``tokenize``, ``sessions``, ``session.drop``, ``model.list``) runs at
-once between steps. On drain every session's KV is written to ``DATA_DIR/sessions`` (``session_store.py``),
-and comes back on the session's next request after the restart.
+Three kinds of work, on three kinds of thread, like llama.cpp's server (HTTP threads prepare, one loop decodes):
+
+* the service loop (``shared/service.py``) receives frames, answers ``health``, ``metrics`` and ``cancel``;
+* ``PREPARING_WORKERS`` preparing workers take requests off the service queue: a ``generate`` or ``chat``
+  becomes a ``GenerationRequest`` value (template, tokens, constraint, all compiled here), ``tokenize`` is
+  answered here; the rest (control messages, sessions) is passed on;
+* the scheduler's thread owns every engine: it runs the prepared generations (``scheduler.py``), control
+  messages (``engine.configure``, ``model.*``) between decode steps, in order with the generations around them,
+  and the session messages. On drain every session's KV is written to ``DATA_DIR/sessions``
+  (``session_store.py``) and comes back on the session's next request after the restart.
+
+Who owns a request (``owner``) decides whose KV it may reuse: the CURVE identity of its peer, or the local
+account, refined by the ``owner`` a relaying peer names (the gateway: the API key's name). Each client (that
+owner, else the connection) has at most ``runtime.max_generations_per_client`` generations in flight.
 """
 
 from __future__ import annotations
 
 import os
+import queue
+import threading
+from collections import Counter
 
 import zmq
 from pydantic import ValidationError
 
-from shared import shm
 from shared.config import KNOBS, REBUILD_KNOBS, Config, EngineConfig, error_lines
-from shared.grammar import check_grammar
 from shared.protocol import ErrorCode, ProtocolError, Request
-from shared.service import Emitter, Job, Service
-from services.inference.chat import Conversations
-from services.inference.constraint import gbnf_constraint
+from shared.service import Job, Service
 from services.inference.engine import Engine, settings_id
 from services.inference.models import ModelPool
-from services.inference.scheduler import Control, GenerateParams, GenerationRequest, Scheduler
+from services.inference.prepare import Preparer
+from services.inference.scheduler import Control, GenerationRequest, Scheduler
 
 #: Messages that change engines: they run between decode steps, in order with the generations around them.
 _CONTROL = frozenset({"engine.configure", "model.load", "model.unload", "model.switch"})
+#: Handlers that never touch an engine: answered by the preparing workers themselves.
+_OFF_LOOP = frozenset({"tokenize"})
+#: Threads that prepare requests: two keep one slow request (a big schema) from delaying the next one.
+PREPARING_WORKERS = 2
 
 
 class InferenceService(Service):
     name = "inference"
-    workers = 1  # one worker owns every engine; concurrency comes from batching their slots
     scheduled = frozenset({"generate", "chat"}) | _CONTROL
 
     def __init__(self, config: Config, endpoint: str | None = None):
@@ -41,11 +51,17 @@ class InferenceService(Service):
         sessions_dir = config.runtime.resolved_data_dir() / "sessions"
         self.models = ModelPool(config.engine, lambda cfg: Engine(cfg, sessions_dir))
         self.scheduler = Scheduler(self.models, self.log)
-        self.conversations = Conversations()
+        self.preparer = Preparer(config, self.models)
+        # Prepared generations and engine work, for the scheduler's thread (bounded: back-pressure reaches the
+        # service queue, which answers busy).
+        self._ready: queue.Queue[GenerationRequest | Job] = queue.Queue(maxsize=config.runtime.queue_size)
+        self._decode_out: zmq.Socket | None = None  # the scheduler thread's reply socket (its callbacks send)
+        self._clients: Counter[str] = Counter()  # generations in flight per client
+        self._lock = threading.Lock()
         self.handle("session.drop", self.on_session_drop)
-        self.handle("sessions", lambda req, _: self.engine.sessions.describe(req.session))
-        self.handle("tokenize", lambda req, _: {"tokens": self.engine.tokenize(req.body["text"])})
+        self.handle("sessions", lambda req, _: self.engine.sessions.describe(self._session_key(req)))
         self.handle("model.list", lambda req, _: self.models.describe())
+        self.handle("tokenize", lambda req, _: {"tokens": self.preparer.lexicon(None)[1].tokenize(req.body["text"])})
         self._control = {"engine.configure": self.on_configure, "model.load": self.on_model_load,
                          "model.unload": self.on_model_unload, "model.switch": self.on_model_switch}
 
@@ -60,7 +76,7 @@ class InferenceService(Service):
         details = {"settings": settings, "settings_id": settings_id(settings), "n_ctx": self.config.engine.n_ctx,
                    "n_threads": settings["n_threads"], "default_model": self.models.default,
                    "models_resident": list(self.models.engines), "model_loads": self.models.loads,
-                   "scheduler": self.scheduler.describe()}
+                   "scheduler": self.scheduler.describe(), "generations_in_flight": sum(self._clients.values())}
         details["max_batch_seen"] = details["scheduler"]["max_batch_seen"]
         if engine is not None:
             details.update(model=engine.model_name, model_path=str(engine.model_path),
@@ -68,8 +84,8 @@ class InferenceService(Service):
         return details
 
     def close(self) -> None:
-        if any(w.is_alive() for w in self._workers):  # it still owns the engines: writing them now would race
-            self.log.warning("sessions_not_saved", reason="the worker is still running")
+        if self._workers[0].is_alive():  # the scheduler still owns the engines: writing them now would race
+            self.log.warning("sessions_not_saved", reason="the scheduler is still running")
         else:
             self.log.info("sessions_saved", sessions=self.scheduler.persist())
         self.models.close()
@@ -80,93 +96,126 @@ class InferenceService(Service):
             return engine.settings()
         return {name: getattr(self.config.engine, name) for name in KNOBS}
 
-    # --- the loop: the scheduler's, fed from the service queue ---------------------------
-    def work_loop(self, out: zmq.Socket) -> None:
-        self.scheduler.run(lambda wait_s: self._intake(out, wait_s), self.idle_and_stopping)
+    @staticmethod
+    def owner(req: Request) -> str:
+        """Whose KV a request may reuse: its peer, refined by the tenant a relaying peer names."""
+        return f"{req.peer}|{req.body['owner']}" if req.body.get("owner") else req.peer
 
-    def _intake(self, out: zmq.Socket, wait_s: float) -> None:
-        """Move queued requests into the scheduler (bounded: beyond that the service queue fills and answers
-        ``busy``); run the quick handlers right away, between steps."""
-        job = self.next_job(wait_s)
-        while job is not None:
-            if job.request.type in ("generate", "chat"):
-                self._submit_generation(job, out)
-            elif job.request.type in _CONTROL:
-                self.scheduler.submit(Control(lambda job=job: self._run_control(job, out),
-                                              lambda job=job: self._needs_drain(job.request)))
-            else:
-                self.run_job(job, out)
-            if len(self.scheduler.queue) >= self.config.runtime.queue_size:
+    def _session_key(self, req: Request) -> tuple[str, str] | None:
+        return None if req.session is None else (self.owner(req), req.session)
+
+    # --- the threads -----------------------------------------------------------------------
+    def worker_loops(self):
+        """The scheduler's thread first (``close`` asks whether it still runs), then the preparing workers."""
+        return [self._schedule] + [self._prepare] * PREPARING_WORKERS
+
+    def _schedule(self, out: zmq.Socket) -> None:
+        self._decode_out = out
+        self.scheduler.run(self._intake, self._drained)
+
+    def _drained(self) -> bool:
+        """Stopping, and every request taken off the queue has had its final reply (none is being prepared)."""
+        return self.idle_and_stopping() and self._running_jobs == 0
+
+    def _intake(self, wait_s: float) -> None:
+        """Move prepared work into the scheduler (bounded: beyond that the queues fill and the service answers
+        ``busy``); run the session messages right away, between steps."""
+        self.beat()
+        while len(self.scheduler.queue) < self.config.runtime.queue_size:
+            try:
+                item = self._ready.get(timeout=wait_s) if wait_s else self._ready.get_nowait()
+            except queue.Empty:
                 return
-            job = self.next_job(0)
-
-    def _submit_generation(self, job: Job, out: zmq.Socket) -> None:
-        req = job.request
-        send = self.replier(job, out)
-        stream = (lambda body: send("event", body)) if req.body.get("stream") else None
-        try:
-            generation = GenerationRequest(
-                prompt="", params=self._params(req.body), session=req.session, model=req.body.get("model"),
-                on_done=lambda result: self._finished(job, result, send), on_error=lambda exc: self.fail(job, out, exc))
-            if req.type == "chat":
-                self._chat(job, generation, send, stream)
+            wait_s = 0
+            if isinstance(item, GenerationRequest):
+                self.scheduler.submit(item)
+            elif item.request.type in _CONTROL:
+                self.scheduler.submit(Control(lambda job=item: self._run_control(job, self._decode_out),
+                                              lambda job=item: self._needs_drain(job.request)))
             else:
-                generation.prompt = self._prompt(req)
-                if grammar := req.body.get("grammar"):
-                    check_grammar(grammar)  # refused here, before it waits in the queue
-                    generation.constraint = lambda engine: gbnf_constraint(grammar, engine.model)
-                if stream:
-                    generation.on_text = lambda text: stream({"text": text})
-        except Exception as exc:
-            self.fail(job, out, exc)
-            return
-        self.scheduler.submit(generation)
+                self.run_job(item, self._decode_out)
 
-    def _chat(self, job: Job, generation: GenerationRequest, send, stream) -> None:
-        """The chat hook: the prompt (the model's own template) and the constraint (its vocabulary) are made
-        once the scheduler has the model; the turn turns the result into the assistant message."""
+    def _prepare(self, out: zmq.Socket) -> None:
+        """A preparing worker: requests off the service queue, prepared generations (or engine work) on."""
+        while True:
+            job = self.next_job(0.2, out)
+            if job is None:
+                if self.idle_and_stopping():
+                    return
+                continue
+            self._pass_on(job, out)
+
+    def _pass_on(self, job: Job, out: zmq.Socket) -> None:
         req = job.request
+        if req.type in _OFF_LOOP:
+            return self.run_job(job, out)
+        if req.type not in ("generate", "chat"):
+            return self._hand_over(job)
+        client = self._client(job)
+        try:
+            self._enter(client)
+        except ProtocolError as exc:
+            return self.fail(job, out, exc)
+        try:
+            generation = self.preparer.prepare(
+                req, self.owner(req),
+                on_text=(lambda body: self._send(job, "event", body)) if req.body.get("stream") else None,
+                send_ok=lambda body: self._finished(job, client, body),
+                on_error=lambda exc: self._failed(job, client, exc),
+                cancelled=lambda: self.is_cancelled(req.key))
+        except Exception as exc:
+            self._leave(client)
+            return self.fail(job, out, exc)
+        self._hand_over(generation)
 
-        def prepare(engine: Engine, model: str) -> None:
-            turn = self.conversations.begin(req.body, req.session, engine, model, stream)
-            generation.prompt, generation.on_text = turn.prompt, turn.on_text
-            generation.constraint = lambda _: turn.constraint
-            generation.on_done = lambda result: self._finished(job, result, send, turn.reply)
+    def _hand_over(self, item: GenerationRequest | Job) -> None:
+        """To the scheduler's thread; waits (beating) while its queue is full."""
+        while True:
+            self.beat()
+            try:
+                return self._ready.put(item, timeout=0.2)
+            except queue.Full:
+                continue
 
-        generation.prepare = prepare
+    # --- who may have how many generations in flight -----------------------------------
+    def _client(self, job: Job) -> str:
+        """The client a generation counts against: the named tenant or CURVE identity, else the connection."""
+        req = job.request
+        if req.body.get("owner") or req.peer != "local":
+            return self.owner(req)
+        return "connection:" + job.header[0].hex()
 
-    def _finished(self, job: Job, result: dict, send, reply=lambda result: result) -> None:
+    def _enter(self, client: str) -> None:
+        limit = self.config.runtime.max_generations_per_client
+        with self._lock:
+            if self._clients[client] >= limit:
+                raise ProtocolError(ErrorCode.BUSY, f"this client has {limit} generations in flight "
+                                                    "(runtime.max_generations_per_client); retry when one ends")
+            self._clients[client] += 1
+
+    def _leave(self, client: str) -> None:
+        with self._lock:
+            self._clients[client] -= 1
+            if self._clients[client] <= 0:
+                del self._clients[client]
+
+    # --- replies, sent from the scheduler's thread -----------------------------------------
+    def _send(self, job: Job, kind: str, body: dict) -> None:
+        self.replier(job, self._decode_out)(kind, body)
+
+    def _finished(self, job: Job, client: str, result: dict) -> None:
+        self._leave(client)
         result["settings_id"] = settings_id(self._settings())
         self.log.info(job.request.type, session=job.request.session, request_id=job.request.id,
-                      **{k: v for k, v in result.items() if k != "text"})
+                      **{k: v for k, v in result.items() if k not in ("text", "message")})
         self.metrics.observe_generation(result)
-        send("ok", reply(result))
-        self.telemetry.report(dict(result, text=None, type="generation", session=job.request.session, ok=True))
+        self._send(job, "ok", result)
+        stats = {k: v for k, v in result.items() if k not in ("text", "message")}
+        self.telemetry.report(dict(stats, type="generation", session=job.request.session, ok=True))
 
-    def _params(self, body: dict) -> GenerateParams:
-        p = GenerateParams(max_tokens=body.get("max_tokens") or self.config.engine.default_max_tokens)
-        for name in ("temperature", "top_p", "top_k", "seed", "cache_prompt"):
-            if body.get(name) is not None:
-                setattr(p, name, body[name])
-        if not 1 <= p.max_tokens <= 32768:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, "max_tokens must be in 1..32768")
-        if not 0 <= p.temperature <= 5 or not 0 < p.top_p <= 1 or p.top_k < 0:
-            raise ProtocolError(ErrorCode.BAD_REQUEST, "need 0<=temperature<=5, 0<top_p<=1, top_k>=0")
-        stop = body.get("stop") or []
-        if not all(isinstance(s, str) and 0 < len(s) <= 256 for s in stop):
-            raise ProtocolError(ErrorCode.BAD_REQUEST, "stop must be a list of non-empty strings (<=256 chars)")
-        p.stop = stop
-        return p
-
-    def _prompt(self, req: Request) -> str:
-        if "prompt_shm" in req.body:
-            try:
-                return shm.take_bytes(req.body["prompt_shm"], req.session).decode()
-            except UnicodeDecodeError:
-                raise ProtocolError(ErrorCode.BAD_REQUEST, "prompt_shm does not hold UTF-8 text")
-        if "prompt" in req.body:
-            return req.body["prompt"]
-        raise ProtocolError(ErrorCode.BAD_REQUEST, "missing required field 'prompt' (or 'prompt_shm')")
+    def _failed(self, job: Job, client: str, exc: Exception) -> None:
+        self._leave(client)
+        self.fail(job, self._decode_out, exc)
 
     # --- control messages ------------------------------------------------------------------
     def _needs_drain(self, req: Request) -> bool:
@@ -183,11 +232,11 @@ class InferenceService(Service):
         except Exception as exc:
             self.fail(job, out, _not_found(exc))
 
-    def on_session_drop(self, req: Request, _: Emitter) -> dict:
+    def on_session_drop(self, req: Request, _) -> dict:
         if req.session is None:
             raise ProtocolError(ErrorCode.BAD_REQUEST, "session.drop needs a session id in the envelope")
-        self.conversations.forget(req.session)
-        return {"dropped": any([e.sessions.drop(req.session) for e in self.models.engines.values()])}
+        key = self._session_key(req)
+        return {"dropped": any([e.sessions.drop(key) for e in self.models.engines.values()])}
 
     def on_configure(self, req: Request) -> dict:
         settings = req.body["settings"]

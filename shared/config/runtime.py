@@ -23,6 +23,8 @@ class RuntimeConfig(Section):
     endpoints: dict[str, str] = Field(default_factory=dict, description="per-service override, e.g. tcp://127.0.0.1:5555")
     max_frame_bytes: int = Field(1 << 20, ge=1024, le=1 << 30)
     queue_size: int = Field(32, ge=1, le=100000, description="requests waiting per service before 'busy'")
+    max_generations_per_client: int = Field(16, ge=1, le=100000, description="generations one client (API key, "
+                                            "CURVE identity, else connection) may have in flight before 'busy'")
     worker_stall_s: float = Field(120.0, gt=0, le=86400, description="a worker thread silent this long reads "
                                   "unhealthy, so the watchdog restarts its service (tools: at least the longest "
                                   "tool timeout)")

@@ -1,0 +1,140 @@
+"""Preparing a request for the scheduler, off the decode thread.
+
+llama.cpp's server applies the chat template, tokenizes and builds the grammar in its HTTP threads, before a
+task is queued; its decode loop only decodes. Here the inference service's preparing workers do the same: a
+``generate`` or ``chat`` request becomes a ``GenerationRequest`` *value* (prompt token ids, sampling parameters,
+a compiled constraint, the model's name, its owner and session), and only that reaches the scheduler. So a slow
+or hostile request (a long template, a deep grammar, a big schema) costs a preparing worker's time, never a
+decode step of the other generations.
+
+Preparation needs a model's tokenizer and chat template, not its weights: each model file is opened a second
+time with ``vocab_only`` (a ``Lexicon``: a fraction of a second and a few MB), so a request naming a model that
+is not resident is prepared without loading it, and a file llama.cpp cannot read fails that request here.
+The token ids are the engine's: same file, same tokenizer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+from llama_cpp import _internals
+
+from shared import shm
+from shared.config import Config
+from shared.protocol import MAX_STOP_CHARS, ErrorCode, ProtocolError, Request
+from services.inference.chat import ChatModel, ChatTurn, prepare_turn
+from services.inference.constraint import Vocabulary, gbnf_constraint, vocabulary
+from services.inference.engine import init_backend
+from services.inference.models import ModelPool
+from services.inference.scheduler import GenerateParams, GenerationRequest
+
+
+class Lexicon:
+    """One model file's tokenizer, chat template and llguidance vocabulary, loaded without the weights."""
+
+    def __init__(self, name: str, path: Path):
+        init_backend()
+        params = _internals.LlamaModel.default_params()
+        params.vocab_only = True
+        try:
+            self.model = _internals.LlamaModel(path_model=str(path), params=params, verbose=False)
+        except (ValueError, OSError) as err:  # llama.cpp could not read it: a corrupt or foreign file
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"model {name!r} cannot be loaded ({err})") from None
+        self.name = name
+        self._lock = threading.Lock()
+        self._chat: ChatModel | None = None
+
+    def tokenize(self, text: str) -> list[int]:
+        """As the engine tokenizes a ``generate`` prompt: BOS when the model wants one, special tokens parsed."""
+        return self.model.tokenize(text.encode(), add_bos=True, special=True)
+
+    @property
+    def chat(self) -> ChatModel:
+        with self._lock:
+            if self._chat is None:
+                self._chat = ChatModel(self.model, self.name)
+            return self._chat
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        return vocabulary(self.model)
+
+    def chat_turn(self, body: dict, emit: Callable[[dict], None] | None = None) -> ChatTurn:
+        """A chat request's turn on this model (``chat.prepare_turn``)."""
+        return prepare_turn(body, self.chat, self.vocabulary, emit)
+
+
+class Preparer:
+    """Turns ``generate`` and ``chat`` requests into ``GenerationRequest``s; safe to call from several threads."""
+
+    def __init__(self, config: Config, models: ModelPool):
+        self.config = config  # read at each request: engine.configure replaces config.engine
+        self.models = models
+        self._lexicons: dict[Path, Lexicon] = {}
+        self._lock = threading.Lock()
+
+    def lexicon(self, model: str | None) -> tuple[str, Lexicon]:
+        """The model's name (None: the current default) and its lexicon, opened on first use."""
+        name = model or self.models.default
+        path = self.models.path_of(name)
+        with self._lock:
+            lexicon = self._lexicons.get(path)
+            if lexicon is None:
+                if not path.is_file():
+                    raise ProtocolError(ErrorCode.NOT_FOUND, f"model {name!r}: file {path} not found")
+                lexicon = self._lexicons[path] = Lexicon(name, path)
+            return name, lexicon
+
+    def prepare(self, req: Request, owner: str, on_text: Callable[[dict], None] | None,
+                send_ok: Callable[[dict], None], on_error: Callable[[Exception], None],
+                cancelled: Callable[[], bool]) -> GenerationRequest:
+        """The request as the scheduler runs it. ``on_text`` gets streamed events (None: not streaming),
+        ``send_ok`` the final body, ``on_error`` a failure; raises ``ProtocolError`` for a bad request."""
+        t0 = time.perf_counter()
+        body = req.body
+        params = self.params(body)
+        name, lexicon = self.lexicon(body.get("model"))
+        finish: Callable[[dict], dict] = lambda result: result
+        text_out = (lambda text: on_text({"text": text})) if on_text else None
+        constraint = None
+        if req.type == "chat":
+            turn = lexicon.chat_turn(body, on_text)
+            prompt, constraint, finish, text_out = turn.prompt, turn.constraint, turn.reply, turn.on_text
+        else:
+            prompt = lexicon.tokenize(_prompt_text(req))
+            if grammar := body.get("grammar"):
+                constraint = gbnf_constraint(grammar, lexicon.model)
+        n_ctx = self.config.engine.n_ctx
+        if not 0 < len(prompt) < n_ctx:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"prompt is {len(prompt)} tokens; n_ctx is {n_ctx}")
+        return GenerationRequest(
+            prompt, params, on_done=lambda result: send_ok(finish(result)), on_error=on_error, owner=owner,
+            session=req.session, model=name, constraint=constraint, on_text=text_out, cancelled=cancelled,
+            stats={"prepare_ms": round((time.perf_counter() - t0) * 1000, 3)})
+
+    def params(self, body: dict) -> GenerateParams:
+        """Sampling parameters (their ranges are checked by ``shared.protocol``), defaults filled in."""
+        p = GenerateParams(max_tokens=body.get("max_tokens") or self.config.engine.default_max_tokens)
+        for name in ("temperature", "top_p", "top_k", "seed", "cache_prompt"):
+            if body.get(name) is not None:
+                setattr(p, name, body[name])
+        stop = body.get("stop") or []
+        if not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop):
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"stop must be a list of non-empty strings "
+                                                       f"(<={MAX_STOP_CHARS} chars)")
+        p.stop = stop
+        return p
+
+
+def _prompt_text(req: Request) -> str:
+    if "prompt_shm" in req.body:
+        try:
+            return shm.take_bytes(req.body["prompt_shm"], req.session).decode()
+        except UnicodeDecodeError:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, "prompt_shm does not hold UTF-8 text") from None
+    if "prompt" in req.body:
+        return req.body["prompt"]
+    raise ProtocolError(ErrorCode.BAD_REQUEST, "missing required field 'prompt' (or 'prompt_shm')")
