@@ -13,6 +13,10 @@ so no frame of it can reach the next request (a disconnect between requests is
 harmless: ZeroMQ reconnects by itself). With ``retry=Retry(...)`` a call re-sends on transient failures
 with the same request id, which the services deduplicate by (session, id).
 
+A request the caller stops waiting for is cancelled: when a call times out, or its stream is closed
+before the final reply (a ``break`` out of ``generate_stream``, a cancelled asyncio task), a ``cancel``
+frame for its id goes to the service, which frees what the request held (a generation's slot) at once.
+
 The logic lives in ``Call``, which does no I/O (the sans-I/O pattern of h11 and
 wsproto): it builds the request frame, says how long to wait, reads what
 arrived (a reply frame, monitor events, nothing) and decides what it means,
@@ -113,6 +117,8 @@ class Call:
         self.attempt = 1
         self.answering = False  # the current attempt has had a frame: the service is working on it
         self.done = False
+        self.outstanding = False  # sent, and no final reply or error yet: the service may be working on it
+        self._session = session
         self._waiting_s = 0.0
         self._wait_until = 0.0
 
@@ -123,6 +129,17 @@ class Call:
             return self.timeout_s
         remaining = self.started + self.policy.deadline_s - self.clock()
         return max(0.01, min(self.timeout_s, remaining))
+
+    def sent(self) -> None:
+        """The driver sent ``frame``."""
+        self.outstanding = True
+
+    def cancel_frame(self) -> bytes | None:
+        """The ``cancel`` request for this call while the service may still be working on it, else None."""
+        if not self.outstanding:
+            return None
+        self.outstanding = False
+        return encode_request("cancel", {"id": self.request_id}, session=self._session)
 
     def expect_frame(self) -> None:
         """The driver starts waiting for the next frame (``poll_ms`` counts down from here)."""
@@ -139,6 +156,8 @@ class Call:
         reply = decode_reply(data)
         if reply.id != self.request_id:
             return None  # a late reply of an abandoned request
+        if reply.final:
+            self.outstanding = False
         if reply.kind == "error":
             raise ServiceError(reply.error_code or ErrorCode.INTERNAL, reply.error_message or "")
         self.answering = True
@@ -152,6 +171,7 @@ class Call:
             raise ServiceError(ErrorCode.UNAUTHORIZED, f"{self.endpoint} refused the connection handshake "
                                                        "(missing or wrong CURVE key?)")
         if in_flight and zmq.EVENT_DISCONNECTED in events:
+            self.outstanding = False  # the service that had it is gone
             raise ServiceError(ErrorCode.UNAVAILABLE, f"{self.endpoint} went away during the request "
                                                       "(service stopped or crashed)")
 
@@ -166,11 +186,19 @@ class Call:
             return ServiceError(ErrorCode.UNAVAILABLE, f"no service listening at {self.endpoint}")
         return None
 
+    def _delay(self) -> float:
+        return min(self.policy.max_backoff_s, self.policy.first_backoff_s * 2 ** (self.attempt - 1))
+
+    def will_retry(self, err: ServiceError) -> bool:
+        """Whether ``restart_after(err)`` would start another attempt (else ``err`` is final)."""
+        return (self.policy is not None and err.code in RETRYABLE
+                and self.clock() - self.started + self._delay() < self.policy.deadline_s)
+
     def restart_after(self, err: ServiceError) -> Restart:
         """The next attempt after ``err``; raises ``err`` when it is final or the deadline would pass."""
         if self.policy is None or err.code not in RETRYABLE:
             raise err
-        delay = min(self.policy.max_backoff_s, self.policy.first_backoff_s * 2 ** (self.attempt - 1))
+        delay = self._delay()
         elapsed = self.clock() - self.started
         if elapsed + delay >= self.policy.deadline_s:
             raise ServiceError(err.code, f"{err.message} (gave up after {self.attempt} attempt(s) "
@@ -254,10 +282,25 @@ class _Base:
         poller.register(self._monitor, zmq.POLLIN)
         return poller
 
-    def _failed(self, err: ServiceError) -> None:
-        """After a failure that leaves the socket suspect, drop it: no late frame can reach the next request."""
+    def _failed(self, call: Call, err: ServiceError) -> None:
+        """After a failure that leaves the socket suspect, drop it: no late frame can reach the next request.
+        A call given up on for good (timed out, no retry) is cancelled first; a retry wants its result."""
+        if not call.will_retry(err):
+            self._cancel(call)
         if err.code in _RESET_SOCKET:
             self.close()
+
+    def _cancel(self, call: Call) -> None:
+        """Tell the service to stop working on ``call`` (nothing if it is not outstanding). Sent without
+        waiting; the socket then lingers long enough on close to deliver it."""
+        frame = call.cancel_frame()
+        if frame is None or self._sock is None:
+            return
+        try:
+            self._sock.send(frame, zmq.NOBLOCK)
+            self._sock.setsockopt(zmq.LINGER, 500)
+        except zmq.ZMQError:
+            pass  # the peer is gone or the pipe is full: nothing is running there for us to stop
 
     def close(self) -> None:
         """Drop the socket (and with it any queued or late frames); the next call opens a fresh one."""
@@ -295,6 +338,7 @@ class Client(_Base):
         sock = self._socket()
         call.on_events(self._events(), in_flight=False)  # forget disconnects of earlier requests
         sock.send(call.frame)
+        call.sent()
 
     def _next(self, call: Call) -> Reply:
         """The call's next reply frame (stale frames of abandoned requests are skipped)."""
@@ -317,17 +361,20 @@ class Client(_Base):
         and a ``Restart`` is yielded first: frames of the failed attempt are to be discarded.
         """
         call = self._call(msg_type, body, session, request_id, retry)
-        while True:
-            try:
-                self._send(call)
-                while not call.done:
-                    yield self._next(call)
-                return
-            except ServiceError as err:
-                self._failed(err)
-                restart = call.restart_after(err)  # or raises err
-            yield restart
-            time.sleep(restart.delay_s)
+        try:
+            while True:
+                try:
+                    self._send(call)
+                    while not call.done:
+                        yield self._next(call)
+                    return
+                except ServiceError as err:
+                    self._failed(call, err)
+                    restart = call.restart_after(err)  # or raises err
+                yield restart
+                time.sleep(restart.delay_s)
+        finally:  # closed before its final reply: the caller stopped listening
+            self._cancel(call)
 
     def request(self, msg_type: str, body: dict | None = None, session: str | None = None,
                 request_id: str | None = None, retry: Retry | None = None) -> dict:
@@ -368,7 +415,7 @@ class Client(_Base):
         try:
             return step(call)
         except ServiceError as err:
-            self._failed(err)
+            self._failed(call, err)
             raise
 
 
@@ -405,6 +452,7 @@ class AsyncClient(_Base):
         sock = self._socket()
         call.on_events(await self._events(), in_flight=False)  # forget disconnects of earlier requests
         await sock.send(call.frame)
+        call.sent()
 
     async def _next(self, call: Call) -> Reply:
         sock, poller = self._socket(), self._poller()
@@ -423,17 +471,20 @@ class AsyncClient(_Base):
                      ) -> AsyncIterator[Reply | Restart]:
         """As ``Client.stream``."""
         call = self._call(msg_type, body, session, request_id, retry)
-        while True:
-            try:
-                await self._send(call)
-                while not call.done:
-                    yield await self._next(call)
-                return
-            except ServiceError as err:
-                self._failed(err)
-                restart = call.restart_after(err)  # or raises err
-            yield restart
-            await asyncio.sleep(restart.delay_s)
+        try:
+            while True:
+                try:
+                    await self._send(call)
+                    while not call.done:
+                        yield await self._next(call)
+                    return
+                except ServiceError as err:
+                    self._failed(call, err)
+                    restart = call.restart_after(err)  # or raises err
+                yield restart
+                await asyncio.sleep(restart.delay_s)
+        finally:  # closed before its final reply (the task was cancelled, the caller stopped listening)
+            self._cancel(call)
 
     async def request(self, msg_type: str, body: dict | None = None, session: str | None = None,
                       request_id: str | None = None, retry: Retry | None = None) -> dict:

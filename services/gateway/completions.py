@@ -11,19 +11,20 @@ client is closed (see ``upstream``).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.requests import Request
 
-from services.gateway.access import Context, Gateway, Session
+from services.gateway.access import Caller, Context, Gateway, Session
 from services.gateway.errors import ApiError, documented, error_body
 from services.gateway.replies import ChatShape, CompletionShape, Shape
 from services.gateway.schemas import (
-    MAX_SEED,
     ChatCompletion,
     ChatCompletionChunk,
     ChatCompletionRequest,
@@ -32,7 +33,7 @@ from services.gateway.schemas import (
     CompletionRequest,
     SamplingParams,
 )
-from shared.protocol import Reply
+from shared.protocol import MAX_SEED, ErrorCode, Reply
 
 router = APIRouter()
 
@@ -45,18 +46,25 @@ STREAM_CHUNKS = {"/v1/chat/completions": ChatCompletionChunk, "/v1/completions":
 
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses=GENERATION_RESPONSES,
              summary="Chat with the model's own template and native tool calls")
-async def chat_completions(req: ChatCompletionRequest, gw: Context, session_id: Session):
+async def chat_completions(req: ChatCompletionRequest, gw: Context, session_id: Session, owner: Caller,
+                           http: Request):
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await _generate(gw, "chat", chat_body(req), session_id, ChatShape(req.model, include_usage), req.stream)
+    return await _generate(http, gw, "chat", _owned(chat_body(req), owner), session_id,
+                           ChatShape(req.model, include_usage), req.stream)
 
 
 @router.post("/v1/completions", response_model=Completion, responses=GENERATION_RESPONSES,
              summary="Complete a raw prompt")
-async def completions(req: CompletionRequest, gw: Context, session_id: Session):
+async def completions(req: CompletionRequest, gw: Context, session_id: Session, owner: Caller, http: Request):
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     shape = CompletionShape(req.model, include_usage, echo=req.prompt_text() if req.echo else None)
     body = {"prompt": req.prompt_text(), **sampling_body(req, req.max_tokens)}
-    return await _generate(gw, "generate", body, session_id, shape, req.stream)
+    return await _generate(http, gw, "generate", _owned(body, owner), session_id, shape, req.stream)
+
+
+def _owned(body: dict[str, Any], owner: str | None) -> dict[str, Any]:
+    """The body with the caller's key name as its owner (none without keys: the local owner)."""
+    return {**body, "owner": owner} if owner is not None else body
 
 
 def sampling_body(req: SamplingParams, max_tokens: int | None) -> dict[str, Any]:
@@ -94,14 +102,38 @@ def _message(m: ChatMessage) -> dict[str, Any]:
     return out
 
 
-async def _generate(gw: Gateway, msg_type: str, body: dict, session_id: str | None, shape: Shape, stream: bool):
+async def _generate(http: Request, gw: Gateway, msg_type: str, body: dict, session_id: str | None, shape: Shape,
+                    stream: bool):
     deadline = gw.upstreams.deadline()
     if not stream:
-        return shape.result(await gw.upstreams.request("inference", msg_type, body, session_id, deadline))
+        reply = await _unless_disconnected(http, gw.upstreams.request("inference", msg_type, body, session_id,
+                                                                      deadline))
+        return shape.result(reply)
     frames = gw.upstreams.stream("inference", msg_type, body, session_id, deadline)
     first = await anext(frames)  # refusals answer with their status (the generator is finished then)
     cfg = gw.config.gateway
     return EventSourceResponse(_events(gw, shape, first, frames), ping=cfg.sse_ping_s, sep="\n")
+
+
+#: How often a non-streamed request checks whether its HTTP client is still there.
+DISCONNECT_POLL_S = 0.25
+
+
+async def _unless_disconnected(http: Request, work: Awaitable[dict]) -> dict:
+    """``work``'s result; if the HTTP client goes away first, ``work`` is cancelled (and with it the generation:
+    the ZeroMQ client sends ``cancel``), and the request ends as 499, as nginx names a closed request."""
+    task = asyncio.ensure_future(work)
+    try:
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if done:
+                return task.result()
+            if await http.is_disconnected():
+                raise ApiError(499, "client_closed_request", ErrorCode.CANCELLED, "the client went away")
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
 
 async def _events(gw: Gateway, shape: Shape, reply: Reply, frames: AsyncIterator[Reply]):
