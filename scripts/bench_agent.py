@@ -316,15 +316,16 @@ def llama_server(binary: str, model_path: Path, n_ctx: int, home: Path):
         log.close()
 
 
-def peer_task(client, tools: Client, specs: list[dict], task: Task, max_steps: int, max_tokens: int) -> Outcome:
-    """The loop a user writes against an OpenAI-compatible server."""
+def peer_task(client, tools: Client, specs: list[dict], task: Task, max_steps: int, max_tokens: int,
+              model: str = "local") -> Outcome:
+    """The loop a user writes against an OpenAI-compatible server (``model``: the name it serves)."""
     t0 = time.monotonic()
     messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.goal}]
     calls = valid = steps = 0
     answer = error = None
     try:
         for steps in range(1, max_steps + 1):
-            reply = client.chat.completions.create(model="local", messages=messages, tools=specs, temperature=0,
+            reply = client.chat.completions.create(model=model, messages=messages, tools=specs, temperature=0,
                                                    seed=0, max_tokens=max_tokens)
             message = reply.choices[0].message
             if not message.tool_calls:

@@ -435,3 +435,43 @@ def test_tool_isolation_bubblewrap_refuses_to_start_without_it(tmp_path, monkeyp
     fallback = Jail(parse_config({"runtime": {"data_dir": str(tmp_path)}}))
     assert fallback.describe() == {"isolation": "rlimits", "tool_uid": None,
                                    "why": "bwrap is not installed (Debian package bubblewrap)"}
+
+
+# --- issue 23, finding 1: one tenant's prompt stays its own -------------------------------------------
+def test_cached_tokens_tell_no_tenant_about_another_tenants_prompt(tmp_path):
+    """Alice's prompt holds a secret. Mallory, with her own key and a fresh session id per guess, sends the
+    same prefix followed by a guess at the next digit, max_tokens 1, and reads cached_tokens: before, the
+    right digit scored one token more than every wrong one. Now KV is shared only within an owner, so every
+    guess scores the same (and the owner herself still reuses her prefix)."""
+    from openai import OpenAI
+    from services.gateway.keys import create_key
+    config = make_config(tmp_path, session_slots=4)
+    keys_file = tmp_path / "api_keys"
+    keys = {name: create_key(keys_file, name) for name in ("alice", "mallory")}
+    config = parse_config({**config.model_dump(mode="json"),
+                           "gateway": {**config.gateway.model_dump(mode="json"), "api_keys_file": str(keys_file)}})
+    path = write_config(tmp_path, config)
+    services = [ServiceProcess(name, path, config).start() for name in ("inference", "gateway")]
+    try:
+        with Client(services[1].endpoint, timeout_s=5) as c:
+            url = c.health()["url"] + "/v1"
+        sdk = {name: OpenAI(base_url=url, api_key=key, max_retries=0) for name, key in keys.items()}
+        note = "Household notes. The plumber comes on Friday. The code of the garden safe is 4"
+        sdk["alice"].completions.create(model="default", prompt=note + "817.", max_tokens=1, temperature=0,
+                                        extra_headers={"X-Session-Id": "alice-notes"})
+
+        def probe(guess: str) -> int:
+            reply = sdk["mallory"].completions.create(model="default", prompt=note + guess, max_tokens=1,
+                                                      temperature=0,
+                                                      extra_headers={"X-Session-Id": uuid.uuid4().hex})
+            return reply.usage.prompt_tokens_details.cached_tokens
+
+        probe("x")  # her own KV of the prefix, so every guess below starts equal
+        scores = {digit: probe(digit) for digit in "0123456789"}
+        assert len(set(scores.values())) == 1, scores
+        mine = sdk["alice"].completions.create(model="default", prompt=note + "817. And", max_tokens=1,
+                                               temperature=0, extra_headers={"X-Session-Id": "alice-notes"})
+        assert mine.usage.prompt_tokens_details.cached_tokens > scores["8"]
+    finally:
+        for svc in reversed(services):
+            svc.stop()

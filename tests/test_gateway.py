@@ -149,8 +149,14 @@ def test_embeddings_float_and_base64(client):
     vectors = np.array([d.embedding for d in reply.data], dtype=np.float32)
     assert vectors.shape == (2, 384) and np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-3)
     assert reply.usage.prompt_tokens > 0 and reply.model == EMBEDDING_MODEL
+    # The encodings are compared on the same request shape: the same text alone in its batch, so the same
+    # computation; the two encodings must carry the same float32 values.
+    alone = client.embeddings.create(model=EMBEDDING_MODEL, input="where are the keys?").data[0].embedding
     b64 = client.embeddings.create(model=EMBEDDING_MODEL, input="where are the keys?", encoding_format="base64")
-    assert np.allclose(np.frombuffer(base64.b64decode(b64.data[0].embedding), "<f4"), vectors[0], atol=1e-6)
+    assert np.allclose(np.frombuffer(base64.b64decode(b64.data[0].embedding), "<f4"), alone, atol=1e-6)
+    # Across batch shapes llama.cpp's kernels are not bit-identical (a fresh clone measured about 2e-5 between
+    # the text alone and in a pair), so there only the direction is compared.
+    assert float(np.dot(np.asarray(alone, np.float32), vectors[0])) > 0.9999
     with pytest.raises(openai.NotFoundError):
         client.embeddings.create(model="text-embedding-3-small", input="x")
     with pytest.raises(openai.BadRequestError):
