@@ -334,7 +334,11 @@ class Scheduler:
         room = budget - len(decoders) - sum(chunks)
         plan: list[tuple[Task, list[int]]] = []
         for t in decoders:
-            drafts = self._drafts(engine, t, max(min(room, t.max_tokens - t.generated - 1), 0))
+            try:
+                drafts = self._drafts(engine, t, max(min(room, t.max_tokens - t.generated - 1), 0))
+            except Exception as exc:  # its constraint or drafter failed: that request, not the step
+                self._fail(t, exc)
+                continue
             room -= len(drafts)
             plan.append((t, [t.pending] + drafts))
         plan += [(t, t.prompt[t.fed:t.fed + n]) for t, n in zip(prefills, chunks) if n]

@@ -137,6 +137,7 @@ class InferenceService(Service):
 
     def _prepare(self, out: zmq.Socket) -> None:
         """A preparing worker: requests off the service queue, prepared generations (or engine work) on."""
+        self.preparer.warm_up()  # the second worker waits for the first one's (the lexicon lock)
         while True:
             job = self.next_job(0.2, out)
             if job is None:
