@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from shared.config.base import Section, error_lines
+from shared.config.mcp import MCP_CPU_S, McpServerConfig
 
 #: Tools the tool service implements itself (``kind: builtin``).
 BUILTIN_TOOLS = ("calculator", "file_reader", "memory_search")
@@ -66,6 +67,8 @@ class ToolConfig(Section):
 
 class AgentConfig(Section):
     tools: list[ToolConfig] = Field(default_factory=lambda: [ToolConfig(name="calculator")])
+    mcp_servers: list[McpServerConfig] = Field(default_factory=list, description="MCP servers whose tools the "
+                                                                                  "tool service offers too")
     max_iterations: int = Field(8, ge=1, le=1000)
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
     tool_isolation: Literal["auto", "bubblewrap", "off"] = Field(
@@ -104,8 +107,25 @@ class AgentConfig(Section):
                 raise ValueError(f"tool {t.name!r} limits: {'; '.join(error_lines(err))}") from None
         return tools
 
+    @field_validator("mcp_servers")
+    @classmethod
+    def _servers_are_usable(cls, servers: list[McpServerConfig]) -> list[McpServerConfig]:
+        names = [s.name for s in servers]
+        for name in {n for n in names if names.count(n) > 1}:
+            raise ValueError(f"MCP server {name!r} declared twice")
+        for server in servers:
+            try:
+                SandboxLimits.model_validate(server.limits)
+            except ValidationError as err:
+                raise ValueError(f"MCP server {server.name!r} limits: {'; '.join(error_lines(err))}") from None
+        return servers
+
     def limits_for(self, tool: ToolConfig) -> SandboxLimits:
         """The sandbox defaults with the tool's own overrides (validated like the defaults)."""
         return SandboxLimits.model_validate({**self.sandbox.model_dump(), **tool.limits})
+
+    def mcp_limits(self, server: McpServerConfig) -> SandboxLimits:
+        """An MCP server's limits: the sandbox defaults, CPU seconds for a long-lived process, its overrides."""
+        return SandboxLimits.model_validate({**self.sandbox.model_dump(), "cpu_s": MCP_CPU_S, **server.limits})
 
 
