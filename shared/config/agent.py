@@ -91,9 +91,7 @@ class AgentConfig(Section):
     @field_validator("tools")
     @classmethod
     def _tools_are_usable(cls, tools: list[ToolConfig]) -> list[ToolConfig]:
-        names = [t.name for t in tools]
-        for name in {n for n in names if names.count(n) > 1}:
-            raise ValueError(f"tool {name!r} declared twice")
+        _named_with_limits("tool", tools)
         for t in tools:
             if t.name == FINAL_ANSWER:
                 raise ValueError(f"{FINAL_ANSWER!r} is reserved for ending a run")
@@ -101,23 +99,12 @@ class AgentConfig(Section):
                 raise ValueError(f"no builtin tool {t.name!r} (builtins: {', '.join(BUILTIN_TOOLS)})")
             if t.kind != "builtin" and not (t.target and t.parameters):
                 raise ValueError(f"tool {t.name!r}: a {t.kind} tool needs a target and a parameters schema")
-            try:
-                SandboxLimits.model_validate(t.limits)
-            except ValidationError as err:
-                raise ValueError(f"tool {t.name!r} limits: {'; '.join(error_lines(err))}") from None
         return tools
 
     @field_validator("mcp_servers")
     @classmethod
     def _servers_are_usable(cls, servers: list[McpServerConfig]) -> list[McpServerConfig]:
-        names = [s.name for s in servers]
-        for name in {n for n in names if names.count(n) > 1}:
-            raise ValueError(f"MCP server {name!r} declared twice")
-        for server in servers:
-            try:
-                SandboxLimits.model_validate(server.limits)
-            except ValidationError as err:
-                raise ValueError(f"MCP server {server.name!r} limits: {'; '.join(error_lines(err))}") from None
+        _named_with_limits("MCP server", servers)
         return servers
 
     def limits_for(self, tool: ToolConfig) -> SandboxLimits:
@@ -129,3 +116,13 @@ class AgentConfig(Section):
         return SandboxLimits.model_validate({**self.sandbox.model_dump(), "cpu_s": MCP_CPU_S, **server.limits})
 
 
+def _named_with_limits(what: str, items: list[ToolConfig] | list[McpServerConfig]) -> None:
+    """Each name declared once, each ``limits`` a valid override of the sandbox's."""
+    names = [i.name for i in items]
+    for name in {n for n in names if names.count(n) > 1}:
+        raise ValueError(f"{what} {name!r} declared twice")
+    for item in items:
+        try:
+            SandboxLimits.model_validate(item.limits)
+        except ValidationError as err:
+            raise ValueError(f"{what} {item.name!r} limits: {'; '.join(error_lines(err))}") from None
