@@ -131,9 +131,11 @@ def _mentions(names: list[str]) -> re.Pattern[str]:
 
 
 def tool_specs(tools: list[dict]) -> list[dict]:
-    """The tool service's ``tool.list`` entries in the OpenAI shape the ``chat`` message takes."""
+    """The tool service's ``tool.list`` entries in the OpenAI shape the ``chat`` message takes (not the tools
+    of an MCP server that is down: a call would only fail)."""
     return [{"type": "function", "function": {"name": t["name"], "description": t["description"],
-                                              "parameters": t["parameters"]}} for t in tools]
+                                              "parameters": t["parameters"]}}
+            for t in tools if t.get("available", True)]
 
 
 def tool_output(body: dict) -> str:

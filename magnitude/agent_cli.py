@@ -53,11 +53,18 @@ def cmd_tools(args, config) -> int:
     try:
         with Client.for_service("tools", config, timeout_s=10) as client:
             tools = client.request("tool.list")["tools"]
+            servers = client.health().get("mcp", {})
     except ServiceError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     for t in tools:
-        print(f"{t['name']:<16} {t['kind']:<8} {t['description']}  {json.dumps(t['parameters'])}")
+        kind = f"mcp:{t['server']}" if t["kind"] == "mcp" else t["kind"]
+        note = "" if t.get("available", True) else " (unavailable: its server is down)"
+        print(f"{t['name']:<16} {kind:<12} {t['description']}{note}  {json.dumps(t['parameters'])}")
+    for name, s in servers.items():
+        if s["state"] != "up":
+            print(f"MCP server {name} is {s['state']}: {s['last_error'] or 'starting'}"
+                  + (f"; next start in {s['next_start_s']} s" if "next_start_s" in s else ""))
     return 0
 
 

@@ -3,7 +3,9 @@
 
 46 tasks over the built-in tools (arithmetic for the calculator, files the bench
 writes for file_reader, memories it stores for memory_search, tasks that need two
-tools, tasks that need none), each with an expected answer checked strictly: the
+tools, tasks that need none) and 8 that need an MCP server's tool (a home robot's
+sensors, drives and doors: examples/mcp/home_robot.py, started by the tool service
+over stdio only when the run has mcp tasks), each with an expected answer checked strictly: the
 final answer must hold the expected number (compared as a number) or every
 expected phrase (as whole words); an answer that merely contains a tool call, or
 a wrong number, fails.
@@ -27,6 +29,7 @@ Needs the ``bench`` extra (``pip install -e .[bench]``: the pinned ``openai`` cl
     .venv/bin/python scripts/bench_agent.py                           # every catalog model
     .venv/bin/python scripts/bench_agent.py --models qwen2.5-coder-0.5b --limit 10
     .venv/bin/python scripts/bench_agent.py --tasks memory,two_tools --json rows.json
+    .venv/bin/python scripts/bench_agent.py --models qwen2.5-coder-1.5b --tasks arithmetic,file,memory,mcp --systems magnitude
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ HEAVY_LOCK = "/tmp/magnitude-heavy.lock"
 
 @dataclass(frozen=True)
 class Task:
-    kind: str  # arithmetic | file | memory | two_tools | no_tool
+    kind: str  # arithmetic | file | memory | two_tools | no_tool | mcp
     goal: str
     expected: tuple[str, ...]  # every item must be in the answer; "a|b": either
 
@@ -117,8 +120,19 @@ TASKS = [
     Task("no_tool", "Which planet is closest to the sun?", ("Mercury",)),
     Task("no_tool", "What is the opposite of hot?", ("cold",)),
     Task("no_tool", "What is the chemical symbol of gold?", ("Au",)),
+    Task("mcp", "What temperature does the kitchen sensor read right now?", ("21.5",)),
+    Task("mcp", "What is the humidity in the bathroom at the moment?", ("64",)),
+    Task("mcp", "How high is the CO2 level in the bedroom, in ppm?", ("812",)),
+    Task("mcp", "What is the temperature in the garage?", ("11.5",)),
+    Task("mcp", "Send the robot to the garage. How many metres did it drive?", ("38",)),
+    Task("mcp", "Drive the robot to the laundry room and tell me its battery level when it arrives.", ("76",)),
+    Task("mcp", "Is the back door locked?", ("unlocked",)),
+    Task("mcp", "What is the robot's battery level at its dock right now?", ("97",)),
 ]
-KINDS = ("arithmetic", "file", "memory", "two_tools", "no_tool")
+KINDS = ("arithmetic", "file", "memory", "two_tools", "no_tool", "mcp")
+#: The MCP server the mcp tasks need, as a robot program would configure it.
+MCP_SERVER = {"name": "home", "command": [sys.executable, str(REPO / "examples" / "mcp" / "home_robot.py")],
+              "roots": [str(REPO / "examples" / "mcp")]}
 
 FILES = {
     "wifi.txt": "Home network: RobotNet\nPassword: tulip-4821\n",
@@ -231,10 +245,11 @@ def heavy_lock(enabled: bool):
 
 
 # --- the stack -------------------------------------------------------------------------------------
-def bench_config(home: Path, model_path: Path, n_ctx: int, max_steps: int, max_tokens: int) -> Config:
+def bench_config(home: Path, model_path: Path, n_ctx: int, max_steps: int, max_tokens: int, mcp: bool) -> Config:
     return parse_config({
         "engine": {"model_path": str(model_path), "n_ctx": n_ctx, "session_slots": 2, "self_optimize": False},
         "agent": {"tools": [{"name": "calculator"}, {"name": "file_reader"}, {"name": "memory_search"}],
+                  "mcp_servers": [MCP_SERVER] if mcp else [],
                   "file_roots": [str(home / "files")], "max_iterations": max_steps, "max_step_tokens": max_tokens},
         "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data")},
         "metrics": {"enabled": False}, "watchdog": {"enabled": False},
@@ -384,9 +399,10 @@ def catalog_models(names: list[str] | None) -> list[tuple[str, Path]]:
     return chosen
 
 
-def bench_model(name: str, model_path: Path, tasks: list[Task], args, home: Path, binary: str) -> dict:
+def bench_model(name: str, model_path: Path, tasks: list[Task], args, home: Path, binary: str | None) -> dict:
     print(f"\n=== {name} ({model_path.stat().st_size / 2**20:.0f} MiB) ===", file=sys.stderr, flush=True)
-    config = bench_config(home, model_path, args.n_ctx, args.max_steps, args.max_tokens)
+    config = bench_config(home, model_path, args.n_ctx, args.max_steps, args.max_tokens,
+                          any(t.kind == "mcp" for t in tasks))
     path = home / "bench.yaml"
     path.write_text(dump_config(config))
     start(config, path, ("embedding", "retrieval", "tools", "optimizer"))
@@ -414,9 +430,11 @@ def bench_model(name: str, model_path: Path, tasks: list[Task], args, home: Path
     return result
 
 
-def print_table(results: list[dict], version: str, n_tasks: int, args) -> None:
+def print_table(results: list[dict], version: str | None, n_tasks: int, args) -> None:
+    peer = (f"llama-server --jinja ({version}) + openai {__import__('openai').__version__} loop" if version
+            else "not run")
     print(f"\nbench_agent: {n_tasks} tasks, max {args.max_steps} steps of {args.max_tokens} tokens, n_ctx {args.n_ctx}, "
-          f"temperature 0; peer: llama-server --jinja ({version}) + openai {__import__('openai').__version__} loop")
+          f"temperature 0; peer: {peer}")
     width = max([len(r["model"]) for r in results] + [20]) + 2
     head = (f"{'model':<{width}}{'system':<11}{'solved':>9}{'valid calls':>13}{'steps/task':>12}{'s/task':>8}  "
             + " ".join(f"{k:>10}" for k in KINDS))
@@ -453,8 +471,8 @@ def main() -> int:
         parser.error("--systems takes magnitude, peer or both (comma-separated)")
     tasks = [t for t in TASKS if t.kind in kinds][:args.limit]
     models = catalog_models(args.models.split(",") if args.models else None)
-    binary = llama_server_binary()
-    version = peer_version(binary)
+    binary = llama_server_binary() if "peer" in args.systems else None  # built on first use: minutes
+    version = peer_version(binary) if binary else None
     results = []
     with tempfile.TemporaryDirectory(prefix="mba", dir="/tmp") as tmp:
         home = Path(tmp)

@@ -44,6 +44,7 @@ def print_statuses(statuses: list[ServiceStatus], as_json: bool) -> int:
                 d = s.detail
                 extra = f" model={d['model']}" if "model" in d else ""
                 extra += f" restarts={d['restarts']}" if "restarts" in d else ""
+                extra += " mcp=" + ",".join(f"{n}:{m['state']}" for n, m in d["mcp"].items()) if d.get("mcp") else ""
                 print(f"{s.name:<12} healthy  pid={d.get('pid')} uptime={d.get('uptime_s')}s "
                       f"rss={d.get('rss_mb')}MB queue={d.get('queue_depth')}{extra}")
             else:

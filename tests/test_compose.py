@@ -1,5 +1,6 @@
 """compose.yaml must name only things that exist: service packages, scripts, volumes, config."""
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -8,7 +9,7 @@ import pytest
 import yaml
 
 from magnitude.cli import build_parser
-from shared.config import SERVICE_NAMES
+from shared.config import SERVICE_NAMES, load_config
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((REPO / "compose.yaml").read_text())
@@ -96,3 +97,23 @@ def test_the_watchdog_depends_on_every_service_so_down_stops_it_first():
     supervised = {name for name, svc in COMPOSE["services"].items()
                   if service_module(svc["command"]) and name != "watchdog"}
     assert supervised <= set(COMPOSE["services"]["watchdog"]["depends_on"])
+
+
+def test_the_mcp_example_adds_a_server_container_the_tools_service_reaches_over_http_with_a_key():
+    overlay = yaml.safe_load((REPO / "examples" / "mcp" / "compose.yaml").read_text())
+    robot, tools = overlay["services"]["home-robot"], overlay["services"]["tools"]
+    assert "ports" not in robot and robot["command"][:2] == ["python", "/opt/home-robot/home_robot.py"]
+    assert "./examples/mcp:/opt/home-robot:ro" in robot["volumes"] and "HOME_ROBOT_KEY" in robot["environment"]["MCP_KEY"]
+    source, target = tools["volumes"][0].split(":")[:2]
+    assert tools["environment"]["MAGNITUDE_CONFIG"] == target
+    server = load_config(REPO / source).agent.mcp_servers[0]
+    assert server.transport == "http" and server.url == "http://home-robot:8765/mcp"
+    assert server.headers["Authorization"] == "Bearer ${HOME_ROBOT_KEY}"  # the key itself is in no file
+
+
+@pytest.mark.skipif(not shutil.which("docker-compose"), reason="docker-compose not installed (CI installs it)")
+def test_docker_compose_validates_the_mcp_example_on_top_of_the_stack():
+    out = subprocess.run(["docker-compose", "-f", str(REPO / "compose.yaml"), "-f",
+                          str(REPO / "examples" / "mcp" / "compose.yaml"), "config", "-q"],
+                         capture_output=True, text=True, cwd=REPO, env={**os.environ, "HOME_ROBOT_KEY": "k"})
+    assert out.returncode == 0, out.stderr

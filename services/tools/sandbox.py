@@ -98,8 +98,9 @@ def _command(call: Call, jail: Jail, child_limits: dict) -> list[str]:
                      tmp_mb=max(16, call.limits.max_file_mb))
 
 
-def run(call: Call, args: dict, jail: Jail) -> Outcome:
-    """Run the call's child confined by ``jail``; returns the (capped) output or raises tool_failed."""
+def confined(call: Call, jail: Jail) -> tuple[list[str], dict[str, str]]:
+    """The command that runs the call's child confined by ``jail`` under its rlimits, and its environment
+    (the tool call's here; an MCP server's, which lives on, in ``mcp_client``)."""
     limits = call.limits
     uid = os.getuid() if jail.uid is None else jail.uid
     child_limits = {**limits.model_dump(), "nproc": _nproc_limit(uid, limits.max_processes)}
@@ -107,10 +108,17 @@ def run(call: Call, args: dict, jail: Jail) -> Outcome:
            "HOME": "/tmp"}
     if call.python_path:
         env["PYTHONPATH"] = os.pathsep.join(call.python_path)
+    return _command(call, jail, child_limits), env
+
+
+def run(call: Call, args: dict, jail: Jail) -> Outcome:
+    """Run the call's child confined by ``jail``; returns the (capped) output or raises tool_failed."""
+    limits = call.limits
+    command, env = confined(call, jail)
     cap = limits.max_output_bytes
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="magtool") as cwd:
-        proc = subprocess.Popen(_command(call, jail, child_limits),
+        proc = subprocess.Popen(command,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 cwd=cwd, env=env, start_new_session=True, close_fds=True)
         try:

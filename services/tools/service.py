@@ -2,7 +2,8 @@
 
 Arguments are validated against each tool's JSON schema before anything runs;
 built-ins run in-process, python/shell tools in ``sandbox.run`` confined by a
-``jail.Jail`` (bubblewrap where it works). Every failure is a typed
+``jail.Jail`` (bubblewrap where it works), MCP servers' tools through ``mcp_client.McpHub``
+(their stdio servers confined by the same jail). Every failure is a typed
 ``tool_failed`` / ``bad_request`` / ``not_found`` reply and the service keeps
 serving; several calls run at once on the worker threads.
 """
@@ -19,6 +20,7 @@ from typing import Any
 import jsonschema
 
 from services.tools import builtins, sandbox
+from services.tools.mcp_client import McpHub, McpTool, offered_names
 from services.tools.errors import tool_failed
 from services.tools.jail import Jail
 from shared import shm
@@ -93,16 +95,23 @@ class ToolService(Service):
             schema = tc.parameters or builtins.SCHEMAS[tc.name]
             self.tools[tc.name] = _Tool(tc, tc.description or builtins.DESCRIPTIONS.get(tc.name, ""), schema,
                                         jsonschema.Draft202012Validator(schema), config.agent.limits_for(tc))
+        self.mcp = McpHub(config.agent.mcp_servers, {s.name: config.agent.mcp_limits(s)
+                                                     for s in config.agent.mcp_servers}, self.jail, self.log)
         self.handle("tool.list", self._list)
         self.handle("tool.call", self._call)
 
     def worker_stall_s(self) -> float:
         """A tool may legitimately run until its own timeout."""
-        longest = max((t.limits.timeout_s for t in self.tools.values()), default=0.0)
-        return max(super().worker_stall_s(), longest + 10.0)
+        limits = [t.limits for t in self.tools.values()] + [s.limits for s in self.mcp.servers.values()]
+        return max(super().worker_stall_s(), max((x.timeout_s for x in limits), default=0.0) + 10.0)
 
     def health_details(self) -> dict[str, Any]:
-        return {"tools": list(self.tools), "tool_isolation": self.jail.describe()}
+        return {"tools": [*self.tools, *self._mcp_tools()], "tool_isolation": self.jail.describe(),
+                **({"mcp": self.mcp.status()} if self.mcp.servers else {})}
+
+    def _mcp_tools(self) -> dict[str, McpTool]:
+        """The MCP servers' tools by the name they are offered under."""
+        return offered_names(set(self.tools), self.mcp.tools())
 
     def run(self) -> None:
         described = self.jail.describe()
@@ -112,23 +121,37 @@ class ToolService(Service):
             self.log.warning("tool_isolation", **described,
                              consequence="tools see the whole filesystem and the network, and a tool that "
                                          "double-forks can outlive its kill (see docs/security.md)")
+        self.mcp.start(max((s.connect_timeout_s for s in self.config.agent.mcp_servers), default=0.0))
         super().run()
 
+    def close(self) -> None:
+        self.mcp.close()
+
     def _list(self, req: Request, emit: Emitter) -> dict:
-        return {"tools": [t.describe() for t in self.tools.values()]}
+        return {"tools": [t.describe() for t in self.tools.values()]
+                + [{"name": name, "kind": "mcp", "server": tool.server, "description": tool.description,
+                    "parameters": tool.schema, "available": self.mcp.available(tool)}
+                   for name, tool in self._mcp_tools().items()]}
 
     def _call(self, req: Request, emit: Emitter) -> dict:
         name, args = req.body["tool"], req.body["args"]
         tool = self.tools.get(name)
-        if tool is None:
-            raise ProtocolError(ErrorCode.NOT_FOUND, f"no tool {name!r} (tools: {', '.join(self.tools)})")
-        error = jsonschema.exceptions.best_match(tool.validator.iter_errors(args))
+        mcp_tool = None if tool else self._mcp_tools().get(name)
+        if tool is None and mcp_tool is None:
+            names = [*self.tools, *self._mcp_tools()]
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no tool {name!r} (tools: {', '.join(names)})")
+        validator = tool.validator if tool else mcp_tool.validator
+        error = validator and jsonschema.exceptions.best_match(validator.iter_errors(args))
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path) or "args"
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"{name} {where}: {error.message}")
         started = time.monotonic()
         try:
-            output, truncated = self._run(tool, args)
+            if tool:
+                output, truncated = self._run(tool, args)
+            else:
+                output, truncated = cap_text(self.mcp.call(mcp_tool, args),
+                                             self.mcp.servers[mcp_tool.server].limits.max_output_bytes)
         except ProtocolError as err:
             self.log.warning("tool_failed", tool=name, session=req.session, error=err.message,
                              ms=round((time.monotonic() - started) * 1000, 1))

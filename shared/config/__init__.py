@@ -1,6 +1,6 @@
 """One YAML file configures the whole stack; every value has a default that runs.
 
-Sections, each in its own module: ``engine`` (the chat model and how it runs), ``agent`` (tools, loop
+Sections, each in its own module: ``engine`` (the chat model and how it runs), ``agent`` (tools, MCP servers, loop
 limits), ``runtime`` (where sockets, data and logs live; queue and frame limits) and ``metrics``,
 ``memory`` (embedding, retrieval, context budget), ``optimizer`` and ``watchdog`` (operations), ``gateway``
 (the OpenAI-compatible HTTP gateway).
@@ -21,13 +21,15 @@ from shared.config.agent import BUILTIN_TOOLS, FINAL_ANSWER, AgentConfig, Sandbo
 from shared.config.base import SERVICE_NAMES, WATCHDOG_NAME, ConfigError, Section, error_lines, magnitude_home
 from shared.config.engine import KNOBS, REBUILD_KNOBS, EngineConfig, TunableSettings
 from shared.config.gateway import GatewayConfig
+from shared.config.mcp import McpServerConfig
 from shared.config.memory import DEFAULT_EMBEDDING_MODEL_FILE, ContextBudget, MemoryConfig
 from shared.config.operations import OptimizerConfig, ThermalConfig, WatchdogConfig
 from shared.config.runtime import MetricsConfig, RuntimeConfig, ipc_path
 
 __all__ = ["BUILTIN_TOOLS", "DEFAULT_EMBEDDING_MODEL_FILE", "FINAL_ANSWER", "KNOBS",
            "REBUILD_KNOBS", "SERVICE_NAMES", "WATCHDOG_NAME", "AgentConfig", "Config", "ConfigError",
-           "ContextBudget", "EngineConfig", "GatewayConfig", "MemoryConfig", "MetricsConfig", "OptimizerConfig",
+           "ContextBudget", "EngineConfig", "GatewayConfig", "McpServerConfig", "MemoryConfig", "MetricsConfig",
+           "OptimizerConfig",
            "RuntimeConfig", "SandboxLimits", "ThermalConfig", "ToolConfig", "TunableSettings", "WatchdogConfig",
            "dump_config", "error_lines", "ipc_path", "load_config", "magnitude_home", "parse_config"]
 

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import Field, ValidationError, field_validator
 
 from shared.config.base import Section, error_lines
+from shared.config.mcp import MCP_CPU_S, McpServerConfig
 
 #: Tools the tool service implements itself (``kind: builtin``).
 BUILTIN_TOOLS = ("calculator", "file_reader", "memory_search")
@@ -66,6 +67,8 @@ class ToolConfig(Section):
 
 class AgentConfig(Section):
     tools: list[ToolConfig] = Field(default_factory=lambda: [ToolConfig(name="calculator")])
+    mcp_servers: list[McpServerConfig] = Field(default_factory=list, description="MCP servers whose tools the "
+                                                                                  "tool service offers too")
     max_iterations: int = Field(8, ge=1, le=1000)
     sandbox: SandboxLimits = Field(default_factory=SandboxLimits)
     tool_isolation: Literal["auto", "bubblewrap", "off"] = Field(
@@ -88,9 +91,7 @@ class AgentConfig(Section):
     @field_validator("tools")
     @classmethod
     def _tools_are_usable(cls, tools: list[ToolConfig]) -> list[ToolConfig]:
-        names = [t.name for t in tools]
-        for name in {n for n in names if names.count(n) > 1}:
-            raise ValueError(f"tool {name!r} declared twice")
+        _named_with_limits("tool", tools)
         for t in tools:
             if t.name == FINAL_ANSWER:
                 raise ValueError(f"{FINAL_ANSWER!r} is reserved for ending a run")
@@ -98,14 +99,30 @@ class AgentConfig(Section):
                 raise ValueError(f"no builtin tool {t.name!r} (builtins: {', '.join(BUILTIN_TOOLS)})")
             if t.kind != "builtin" and not (t.target and t.parameters):
                 raise ValueError(f"tool {t.name!r}: a {t.kind} tool needs a target and a parameters schema")
-            try:
-                SandboxLimits.model_validate(t.limits)
-            except ValidationError as err:
-                raise ValueError(f"tool {t.name!r} limits: {'; '.join(error_lines(err))}") from None
         return tools
+
+    @field_validator("mcp_servers")
+    @classmethod
+    def _servers_are_usable(cls, servers: list[McpServerConfig]) -> list[McpServerConfig]:
+        _named_with_limits("MCP server", servers)
+        return servers
 
     def limits_for(self, tool: ToolConfig) -> SandboxLimits:
         """The sandbox defaults with the tool's own overrides (validated like the defaults)."""
         return SandboxLimits.model_validate({**self.sandbox.model_dump(), **tool.limits})
 
+    def mcp_limits(self, server: McpServerConfig) -> SandboxLimits:
+        """An MCP server's limits: the sandbox defaults, CPU seconds for a long-lived process, its overrides."""
+        return SandboxLimits.model_validate({**self.sandbox.model_dump(), "cpu_s": MCP_CPU_S, **server.limits})
 
+
+def _named_with_limits(what: str, items: list[ToolConfig] | list[McpServerConfig]) -> None:
+    """Each name declared once, each ``limits`` a valid override of the sandbox's."""
+    names = [i.name for i in items]
+    for name in {n for n in names if names.count(n) > 1}:
+        raise ValueError(f"{what} {name!r} declared twice")
+    for item in items:
+        try:
+            SandboxLimits.model_validate(item.limits)
+        except ValidationError as err:
+            raise ValueError(f"{what} {item.name!r} limits: {'; '.join(error_lines(err))}") from None
