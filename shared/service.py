@@ -414,14 +414,18 @@ class Service:
             self._running_jobs = n
 
     def work_loop(self, out: zmq.Socket) -> None:
-        """One request at a time; a service that batches overrides this."""
+        """One request at a time (``serve``); a service that batches overrides this."""
         while True:
             job = self.next_job(0.2, out)
             if job is None:
                 if self.idle_and_stopping():
                     return
                 continue
-            self.run_job(job, out)
+            self.serve(job, out)
+
+    def serve(self, job: Job, out: zmq.Socket) -> None:
+        """What ``work_loop`` does with each job: run its handler."""
+        self.run_job(job, out)
 
     def replier(self, job: Job, out: zmq.Socket) -> Callable[[str, dict], None]:
         """``send(kind, body)`` for one job: ``event``/``ok`` frames back to its client."""

@@ -88,16 +88,6 @@ class Preparer:
                 lexicon = self._lexicons[path] = Lexicon(name, path)
             return name, lexicon
 
-    def warm_up(self) -> None:
-        """Open the default model's lexicon with its vocabulary and chat template (about a second for a 150k
-        vocabulary), so the first request does not wait for it."""
-        _, lexicon = self.lexicon(None)
-        lexicon.vocabulary
-        try:
-            lexicon.chat
-        except ProtocolError:
-            pass  # a base model: no chat template, generate only
-
     def prepare(self, req: Request, owner: str, on_text: Callable[[dict], None] | None,
                 send_ok: Callable[[dict], None], on_error: Callable[[Exception], None],
                 cancelled: Callable[[], bool]) -> GenerationRequest:

@@ -52,6 +52,7 @@ class InferenceService(Service):
         self.models = ModelPool(config.engine, lambda cfg: Engine(cfg, sessions_dir))
         self.scheduler = Scheduler(self.models, self.log)
         self.preparer = Preparer(config, self.models)
+        self.preparer.lexicon(None)  # the default model's tokenizer, before the first request needs it
         # Prepared generations and engine work, for the scheduler's thread (bounded: back-pressure reaches the
         # service queue, which answers busy).
         self._ready: queue.Queue[GenerationRequest | Job] = queue.Queue(maxsize=config.runtime.queue_size)
@@ -107,7 +108,7 @@ class InferenceService(Service):
     # --- the threads -----------------------------------------------------------------------
     def worker_loops(self):
         """The scheduler's thread first (``close`` asks whether it still runs), then the preparing workers."""
-        return [self._schedule] + [self._prepare] * PREPARING_WORKERS
+        return [self._schedule] + [self.work_loop] * PREPARING_WORKERS
 
     def _schedule(self, out: zmq.Socket) -> None:
         self._decode_out = out
@@ -135,18 +136,9 @@ class InferenceService(Service):
             else:
                 self.run_job(item, self._decode_out)
 
-    def _prepare(self, out: zmq.Socket) -> None:
-        """A preparing worker: requests off the service queue, prepared generations (or engine work) on."""
-        self.preparer.warm_up()  # the second worker waits for the first one's (the lexicon lock)
-        while True:
-            job = self.next_job(0.2, out)
-            if job is None:
-                if self.idle_and_stopping():
-                    return
-                continue
-            self._pass_on(job, out)
-
-    def _pass_on(self, job: Job, out: zmq.Socket) -> None:
+    def serve(self, job: Job, out: zmq.Socket) -> None:
+        """On a preparing worker: a generation is prepared and handed to the scheduler's thread, and so is
+        engine work; what touches no engine (``tokenize``) is answered here."""
         req = job.request
         if req.type in _OFF_LOOP:
             return self.run_job(job, out)
