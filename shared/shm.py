@@ -7,7 +7,9 @@ a TTL (consumer died or never asked), and at start-up ``sweep_orphans`` unlinks
 segments whose creating process is gone, so a crash leaks nothing past a restart.
 
 Segment names are ``mag_<pid>_<hex>`` so the owner pid can be recovered, and
-segments are created mode 0600. Names are listable in /dev/shm, so a name is not
+segments are created mode 0600. /dev/shm is world-writable, so the start-up sweep
+touches only names in exactly that format and files owned by this uid, and a file
+it cannot judge is skipped, never a reason to fail. Names are listable in /dev/shm, so a name is not
 a capability: whoever creates a segment writes a header into it that records a
 random 128-bit key and, when the segment is made for a session, that session
 (its SHA-256). The handle carries the key; ``take_*`` opens a segment only when
@@ -145,17 +147,24 @@ def unlink(name: str) -> bool:
 
 
 def sweep_orphans() -> list[str]:
-    """Unlink Magnitude segments whose creating process no longer exists."""
+    """Unlink our uid's Magnitude segments whose creating process no longer exists.
+
+    Anyone can create files in /dev/shm: a name not in our exact format, or a file of another uid, is not
+    ours to judge, and one that vanishes or cannot be read while we look is skipped."""
     removed = []
     if not _SHM_DIR.is_dir():
         return removed
+    uid = os.geteuid()
     for path in _SHM_DIR.glob(f"{PREFIX}*"):
-        try:
-            pid = int(path.name[len(PREFIX):].split("_", 1)[0])
-        except ValueError:
+        if not _NAME.match(path.name):
             continue
-        if not is_alive(pid) and unlink(path.name):
-            removed.append(path.name)
+        try:
+            if path.lstat().st_uid != uid:
+                continue
+            if not is_alive(int(path.name[len(PREFIX):].split("_", 1)[0])) and unlink(path.name):
+                removed.append(path.name)
+        except OSError:
+            continue
     return removed
 
 

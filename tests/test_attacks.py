@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import stat
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -23,11 +24,13 @@ import psutil
 import pytest
 import zmq
 
+from magnitude import launcher
 from services.tools.jail import Jail
 from services.watchdog.supervisor import Supervisor
-from shared import security, shm
+from shared import process, security, shm
 from shared.client import Client, CurveKeys, ServiceError
 from shared.config import EngineConfig, TunableSettings, parse_config
+from shared.health import probe
 from shared.logs import configure_logging
 from shared.protocol import MESSAGES, encode_request
 from tests.conftest import ServiceProcess, make_config, require_model, wait_for, write_config
@@ -435,3 +438,53 @@ def test_tool_isolation_bubblewrap_refuses_to_start_without_it(tmp_path, monkeyp
     fallback = Jail(parse_config({"runtime": {"data_dir": str(tmp_path)}}))
     assert fallback.describe() == {"isolation": "rlimits", "tool_uid": None,
                                    "why": "bwrap is not installed (Debian package bubblewrap)"}
+
+
+# --- issue 23: hardening, second round ---------------------------------------------------------
+def _dead_pid() -> int:
+    """A pid that was just used and has exited (reaped)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_planted_shm_files_cannot_stop_a_service_from_starting(tmp_path):
+    """Finding 3: any account may create files in /dev/shm; on main each of these made every service exit 1."""
+    dead = _dead_pid()
+    planted = {"overflow": "mag_99999999999_0", "negative": "mag_-1_0123456789abcdef",
+               "another uid's orphan": f"mag_{dead}_{uuid.uuid4().hex[:16]}"}
+    orphan = f"mag_{dead}_{uuid.uuid4().hex[:16]}"  # ours, of a dead process: the sweep's real job
+    for name in (*planted.values(), orphan):
+        (Path("/dev/shm") / name).write_bytes(b"x")
+    if AS_ROOT:
+        os.chown(Path("/dev/shm") / planted["another uid's orphan"], 65534, 65534)
+    try:
+        config = make_config(tmp_path)
+        svc = ServiceProcess("tools", write_config(tmp_path, config), config).start()
+        svc.stop()
+        assert svc.proc.returncode == 0
+        left = set(shm.list_segments())
+        assert set(planted.values()) <= left, "files not in our format, or not ours, are not the sweep's to remove"
+        assert orphan not in left
+    finally:
+        for name in planted.values():
+            shm.unlink(name)
+
+
+def test_down_stops_a_stack_process_that_no_pid_file_names(tmp_path):
+    """Finding 3: a failed `up` left an inference process without a pid file (its starter, the watchdog, died
+    between starting it and writing the file), and `down` said "not running"."""
+    config = make_config(tmp_path)
+    path = write_config(tmp_path, config)
+    proc = process.spawn(config, "tools", str(path))
+    try:
+        wait_for(lambda: probe(config, "tools", timeout_s=1).healthy, 60, "tools up")
+        process.pid_file(config, "tools").unlink()
+        outcome = launcher.down(config)
+        assert proc.poll() is not None, outcome
+        assert any("services.tools" in what and how.startswith("stopped") for what, how in outcome.items()), outcome
+        assert process.stack_processes(config) == {}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
