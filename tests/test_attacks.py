@@ -17,6 +17,7 @@ import signal
 import socket
 import stat
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -32,7 +33,7 @@ from shared.client import Client, CurveKeys, ServiceError
 from shared.config import EngineConfig, TunableSettings, parse_config
 from shared.health import probe
 from shared.logs import configure_logging
-from shared.protocol import MESSAGES, encode_request
+from shared.protocol import MESSAGES, ErrorCode, ProtocolError, encode_request
 from tests.conftest import ServiceProcess, make_config, require_model, wait_for, write_config
 from tests.test_curve import free_port
 
@@ -488,3 +489,29 @@ def test_down_stops_a_stack_process_that_no_pid_file_names(tmp_path):
         if proc.poll() is None:
             proc.kill()
         proc.wait()
+
+
+def test_an_oversized_shm_segment_is_refused_before_it_is_read():
+    """Finding 5: the taker's cap is checked from the header and the segment's size, a typed error."""
+    handle = shm.put_bytes(b"a" * (2 << 20))
+    with pytest.raises(ProtocolError) as info:
+        shm.take_bytes(handle, max_bytes=1 << 20)
+    assert info.value.code == ErrorCode.TOO_LARGE and "at most 1048576" in info.value.message
+    assert handle["name"] not in shm.list_segments()  # a valid handle given up: the segment goes
+    small = shm.put_bytes(b"b" * 1000)
+    assert shm.take_bytes(small, max_bytes=1000) == b"b" * 1000
+
+
+@pytest.mark.model
+def test_an_oversized_prompt_shm_fails_only_its_request(inference_service):
+    """Finding 5: on main a prompt_shm of any size was read and tokenized before the context check."""
+    handle = shm.put_bytes(b"word " * ((16 << 20) // 5), session="big")
+    with Client(inference_service.endpoint, timeout_s=60) as client:
+        started = time.monotonic()
+        with pytest.raises(ServiceError) as info:
+            client.request("generate", {"prompt_shm": handle, "max_tokens": 1}, session="big")
+        assert info.value.code == "too_large", info.value
+        assert time.monotonic() - started < 5
+        assert handle["name"] not in shm.list_segments()
+        assert client.generate("The robot", max_tokens=2).stats["completion_tokens"] >= 1
+        assert client.health()["ok"]

@@ -29,6 +29,8 @@ from services.inference.scheduler import Control, GenerateParams, GenerationRequ
 
 #: Messages that change engines: they run between decode steps, in order with the generations around them.
 _CONTROL = frozenset({"engine.configure", "model.load", "model.unload", "model.switch"})
+#: Well above the longest token text of any vocabulary: a prompt_shm longer than n_ctx of these cannot fit.
+_MAX_BYTES_PER_TOKEN = 256
 
 
 class InferenceService(Service):
@@ -161,7 +163,8 @@ class InferenceService(Service):
     def _prompt(self, req: Request) -> str:
         if "prompt_shm" in req.body:
             try:
-                return shm.take_bytes(req.body["prompt_shm"], req.session).decode()
+                cap = self.config.engine.n_ctx * _MAX_BYTES_PER_TOKEN  # more could never fit the context
+                return shm.take_bytes(req.body["prompt_shm"], req.session, max_bytes=cap).decode()
             except UnicodeDecodeError:
                 raise ProtocolError(ErrorCode.BAD_REQUEST, "prompt_shm does not hold UTF-8 text")
         if "prompt" in req.body:
