@@ -238,7 +238,7 @@ class Service:
         while True:
             if self._stopping.is_set():
                 stop_deadline = stop_deadline or time.monotonic() + self.config.runtime.drain_timeout_s
-                answered = not self._inflight or not any(w.is_alive() for w in self._workers)
+                answered = not self.draining() or not any(w.is_alive() for w in self._workers)
                 if answered or time.monotonic() > stop_deadline:
                     break
             for sock, _ in poller.poll(100):
@@ -379,6 +379,14 @@ class Service:
             self._running_jobs += 1
         job.started_at = self._beats[threading.current_thread().name] = time.monotonic()
         return job
+
+    def draining(self) -> bool:
+        """Accepted work is still unanswered: a stopping service waits for it (up to the drain timeout)."""
+        return bool(self._inflight)
+
+    def running(self) -> int:
+        with self._running_lock:
+            return self._running_jobs
 
     def idle_and_stopping(self) -> bool:
         return self._stopping.is_set() and self._jobs.empty()

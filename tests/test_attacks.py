@@ -12,20 +12,25 @@ default umask, knob ranges defined twice, python tools that could not load.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import httpx2 as httpx
 import psutil
 import pytest
 import zmq
 
 from magnitude import launcher
+from services.gateway.keys import create_key
 from services.tools.jail import Jail
 from services.watchdog.supervisor import Supervisor
 from shared import process, security, shm
@@ -34,7 +39,8 @@ from shared.config import EngineConfig, TunableSettings, parse_config
 from shared.health import probe
 from shared.logs import configure_logging
 from shared.protocol import MESSAGES, ErrorCode, ProtocolError, encode_request
-from tests.conftest import ServiceProcess, make_config, require_model, wait_for, write_config
+from tests.conftest import (REPO, REPORT, ServiceProcess, make_config, require_model, running_inference, wait_for,
+                            write_config)
 from tests.test_curve import free_port
 
 AS_ROOT = os.geteuid() == 0
@@ -515,3 +521,124 @@ def test_an_oversized_prompt_shm_fails_only_its_request(inference_service):
         assert handle["name"] not in shm.list_segments()
         assert client.generate("The robot", max_tokens=2).stats["completion_tokens"] >= 1
         assert client.health()["ok"]
+
+
+def _gateway(home: Path, keys_file: Path | None = None, **gateway) -> tuple[ServiceProcess, str]:
+    """A gateway on loopback (and an optimizer behind it), as `magnitude up` starts it; its URL."""
+    config = make_config(home)
+    config = parse_config({**config.model_dump(mode="json"), "gateway": {
+        "port": 0, **({"api_keys_file": str(keys_file)} if keys_file else {}), **gateway}})
+    svc = ServiceProcess("gateway", write_config(home, config), config).start()
+    with Client(svc.endpoint, timeout_s=5) as c:
+        return svc, c.health()["url"]
+
+
+def test_keyless_feedback_is_bounded_in_rate_size_and_rows(tmp_path):
+    """Finding 4a: without keys the gateway relayed any amount of feedback, the mesh's privileged message."""
+    config = make_config(tmp_path)
+    optimizer = ServiceProcess("optimizer", write_config(tmp_path, config), config).start()
+    gateway, url = _gateway(tmp_path)  # gateway.feedback_per_minute: 30 by default
+    try:
+        answers = [httpx.post(f"{url}/v1/feedback", json={"session_id": f"run-{i}", "success": True}).status_code
+                   for i in range(32)]
+        assert answers == [200] * 30 + [429] * 2, answers
+        big = httpx.post(f"{url}/v1/feedback", json={"session_id": "run", "success": False,
+                                                     "details": {"log": "x" * 20000}})
+        assert big.status_code == 400 and "details" in big.json()["error"]["message"]
+    finally:
+        gateway.stop()
+        optimizer.stop()
+    config = parse_config({**config.model_dump(mode="json"), "optimizer": {"max_feedback_rows": 100}})
+    optimizer = ServiceProcess("optimizer", write_config(tmp_path, config), config).start()
+    try:
+        with Client(optimizer.endpoint, timeout_s=10) as client:  # rows are bounded whoever sends them
+            for i in range(120):
+                client.request("feedback", {"session_id": f"run-{i}", "success": i % 2 == 0})
+            assert client.request("feedback.stats")["total"] == 100
+    finally:
+        optimizer.stop()
+
+
+def test_revoking_the_last_api_key_does_not_turn_authentication_off(tmp_path):
+    """Finding 4b: on main, revoking the only key made the gateway answer 200 without a key."""
+    keys_file = tmp_path / "api_keys"
+    key = create_key(keys_file, "robot")
+    gateway, url = _gateway(tmp_path, keys_file)
+    try:
+        assert httpx.get(f"{url}/metrics").status_code == 401
+        assert httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        config = write_config(tmp_path, gateway.config)
+        subprocess.run([sys.executable, "scripts/keys", "--config", str(config), "revoke-api-key", "robot"],
+                       cwd=REPO, check=True, capture_output=True)
+        for headers in ({}, {"Authorization": f"Bearer {key}"}):
+            answer = httpx.get(f"{url}/metrics", headers=headers)
+            assert answer.status_code == 401, answer.text
+        assert "revoked" in answer.json()["error"]["message"]
+    finally:
+        gateway.stop()
+
+
+def test_a_request_naming_another_host_is_refused(tmp_path):
+    """Finding 4c: a web page that re-points its name at 127.0.0.1 (DNS rebinding) reached the gateway."""
+    gateway, url = _gateway(tmp_path, allowed_hosts=["robot.local"])
+    port = urlsplit(url).port
+    try:
+        for host in (f"evil.example:{port}", "evil.example", f"0.0.0.0:{port}", ""):
+            answer = httpx.get(f"{url}/metrics", headers={"Host": host})
+            assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_host", (host, answer)
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "robot.local"):
+            assert httpx.get(f"{url}/metrics", headers={"Host": host}).status_code == 200, host
+    finally:
+        gateway.stop()
+
+
+def test_every_route_counts_against_the_concurrency_limit(tmp_path):
+    """Finding 4d: /health (and /metrics, /openapi.json) bypassed gateway.max_concurrent."""
+    gateway, url = _gateway(tmp_path, max_concurrent=1)
+    port = urlsplit(url).port
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as slow:  # a request in flight: its body comes slowly
+            slow.sendall(b"POST /v1/feedback HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{")
+            wait_for(lambda: httpx.get(f"{url}/health").status_code == 429, 5, "/health counted")
+            for path in ("/metrics", "/openapi.json", "/v1/models"):
+                assert httpx.get(f"{url}{path}").status_code == 429, path
+        wait_for(lambda: httpx.get(f"{url}/metrics").status_code == 200, 5, "the slot back")
+    finally:
+        gateway.stop()
+
+
+@pytest.mark.model
+def test_sigterm_lets_a_gateway_stream_finish(tmp_path):
+    """Finding 6: on main the gateway's streams were cut about 5 s after SIGTERM (no in-flight accounting)."""
+    with running_inference(tmp_path) as _:
+        gateway, url = _gateway(tmp_path)
+        try:
+            body = {"model": "default", "prompt": "Once upon a time", "max_tokens": 600, "temperature": 0,
+                    "stream": True}
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as stream:
+                lines = stream.iter_lines()
+                assert next(line for line in lines if line.startswith("data:"))
+                gateway.proc.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                events = [line.removeprefix("data: ") for line in lines if line.startswith("data:")]
+            assert events[-1] == "[DONE]", events[-3:]
+            finish = json.loads(events[-2])["choices"][0]["finish_reason"]
+            assert finish in ("length", "stop")
+            drained = time.monotonic() - signalled
+            assert gateway.proc.wait(30) == 0
+            REPORT.append(f"gateway drain: a stream ran {drained:.1f} s after SIGTERM and ended with [DONE]")
+            assert drained > 5 or finish == "stop"
+        finally:
+            gateway.stop()
+
+
+def test_compose_grace_covers_the_drain():
+    """Finding 6: compose's stop_grace_period (30 s) was shorter than the services' 60 s drain, so inference
+    could be killed before its sessions were saved."""
+    import yaml
+    need = parse_config({}).runtime.stop_timeout_s()
+    for name, svc in yaml.safe_load((REPO / "compose.yaml").read_text())["services"].items():
+        if svc["command"][:2] == ["python", "-m"]:
+            grace = svc["stop_grace_period"]
+            assert grace.endswith("s") and float(grace[:-1]) >= need, (name, grace, need)
