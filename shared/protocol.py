@@ -51,6 +51,13 @@ class ErrorCode:
     TOOL_FAILED = "tool_failed"  # a tool timed out, crashed, ran out of memory or raised; message says which
 
 
+def internal_error(where: str, exc: BaseException) -> tuple[str, str]:
+    """A reference and the message a client gets for a bug (``internal``, HTTP 500): the exception's type and
+    where its log line is, never its text, which may name files (paths of the data directory, the keys)."""
+    ref = uuid.uuid4().hex[:12]
+    return ref, f"internal error ({type(exc).__name__}); the {where} log has the details under ref {ref}"
+
+
 class ProtocolError(Exception):
     """A failure that is answered with a typed ``error`` reply."""
 

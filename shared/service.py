@@ -60,6 +60,7 @@ from shared.protocol import (
     decode_request,
     encode_error,
     encode_reply,
+    internal_error,
 )
 
 _REMEMBERED_BYTES = 16 << 20  # budget for remembered ok replies
@@ -424,9 +425,10 @@ class Service:
         if isinstance(exc, ProtocolError):
             code, message = exc.code, exc.message
         else:
-            self.log.error("handler_failed", type=job.request.type, request_id=job.request.id,
+            ref, message = internal_error(self.name, exc)
+            self.log.error("handler_failed", type=job.request.type, request_id=job.request.id, ref=ref,
                            exc_info=(type(exc), exc, exc.__traceback__))
-            code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+            code = ErrorCode.INTERNAL
         self.send_frame(job, out, "error", encode_error(job.request.id, code, message), code)
 
     def run_job(self, job: Job, out: zmq.Socket) -> None:

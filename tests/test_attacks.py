@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import time
@@ -27,10 +28,17 @@ from urllib.parse import urlsplit
 import httpx2 as httpx
 import psutil
 import pytest
+import structlog
 import zmq
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
 from magnitude import launcher
+from services.gateway import errors
 from services.gateway.keys import create_key
+from services.inference import session_store
+from services.inference.session_store import SessionStore
+from services.tools import builtins
 from services.tools.jail import Jail
 from services.watchdog.supervisor import Supervisor
 from shared import process, security, shm
@@ -38,7 +46,8 @@ from shared.client import Client, CurveKeys, ServiceError
 from shared.config import EngineConfig, TunableSettings, parse_config
 from shared.health import probe
 from shared.logs import configure_logging
-from shared.protocol import MESSAGES, ErrorCode, ProtocolError, encode_request
+from shared.protocol import MESSAGES, ErrorCode, ProtocolError, Request, decode_reply, encode_request
+from shared.service import Job, Service
 from tests.conftest import (REPO, REPORT, ServiceProcess, make_config, require_model, running_inference, wait_for,
                             write_config)
 from tests.test_curve import free_port
@@ -642,3 +651,107 @@ def test_compose_grace_covers_the_drain():
         if svc["command"][:2] == ["python", "-m"]:
             grace = svc["stop_grace_period"]
             assert grace.endswith("s") and float(grace[:-1]) >= need, (name, grace, need)
+
+
+def test_file_reader_hides_what_the_sandbox_hides(tmp_path):
+    """Finding 7: file_reader (built in, unsandboxed) read the CURVE secrets and databases under a broad root."""
+    data = tmp_path / "data"
+    security.create_keys(data / "keys", ["robot"])
+    (data / "memory.db").write_text("SECRET ROW")
+    (data / "docs").mkdir()
+    (data / "docs" / "manual.txt").write_text("declared inside the data directory: readable")
+    (tmp_path / "notes.txt").write_text("an ordinary file")
+    wide = make_config(tmp_path)
+    wide.agent.file_roots = [tmp_path]
+    for private in (data / "keys" / "server.key_secret", data / "memory.db", data / "docs" / "manual.txt"):
+        with pytest.raises(ProtocolError) as info:
+            builtins.run_builtin("file_reader", {"path": str(private)}, wide)
+        assert info.value.code == ErrorCode.TOOL_FAILED and "private" in info.value.message, private
+    assert builtins.run_builtin("file_reader", {"path": "notes.txt"}, wide) == "an ordinary file"
+    narrow = make_config(tmp_path)
+    narrow.agent.file_roots = [data / "docs"]  # a root declared inside the data directory shows itself
+    assert builtins.run_builtin("file_reader", {"path": "manual.txt"}, narrow).startswith("declared inside")
+
+
+def test_a_session_file_with_a_field_of_the_wrong_type_is_rejected(tmp_path):
+    """Finding 7: a header field that was not an integer raised TypeError, and the session failed on every
+    request."""
+    fingerprint = {"model": {"path": "/m.gguf"}, "n_ctx": 2048}
+    store = SessionStore(tmp_path, fingerprint, 1 << 20)
+    for field, value in (("n_tokens", "2"), ("state_bytes", 2.5), ("crc32", None), ("n_tokens", -1)):
+        store.save("s", [1, 2], b"state")
+        path = store.path("s")
+        data = path.read_bytes()
+        start = len(session_store.MAGIC) + 4
+        (n,) = struct.unpack_from("<I", data, len(session_store.MAGIC))
+        header = json.loads(data[start:start + n])
+        forged = json.dumps({**header, field: value}).encode()
+        path.write_bytes(session_store.MAGIC + struct.pack("<I", len(forged)) + forged + data[start + n:])
+        assert store.load("s") is None and not path.exists(), (field, value)
+
+
+def test_a_dead_writers_session_tmp_file_is_evicted(tmp_path):
+    """Finding 7: the .tmp file of a write that died was never deleted (nor counted in the budget)."""
+    stale = tmp_path / f"{'0' * 40}.tmp{_dead_pid()}"
+    stale.write_bytes(b"x" * 4096)
+    live = tmp_path / f"{'1' * 40}.tmp{os.getpid()}"  # a writer that is still writing
+    live.write_bytes(b"y")
+    store = SessionStore(tmp_path, {"model": None}, 1 << 20)
+    assert not stale.exists() and live.exists()
+    stale.write_bytes(b"x" * 4096)  # and at each eviction, not only when the store opens
+    assert store.save("s", [1], b"state")
+    assert not stale.exists() and live.exists()
+
+
+def test_an_abstract_ipc_endpoint_is_not_authenticated(tmp_path):
+    """Finding 7: ipc://@name (a Linux abstract socket, which any local account can reach) passed the endpoint
+    check and counted as authenticated, so it would serve tool.call to anyone."""
+    abstract = f"ipc://@magnitude-test-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ValueError, match="abstract"):
+        parse_config({"runtime": {"endpoints": {"tools": abstract}}})
+    assert not security.peers_authenticated(abstract, curve=False)
+    path = write_config(tmp_path, make_config(tmp_path))
+    # --endpoint, which no config validation sees, can still ask for one
+    proc = subprocess.Popen([sys.executable, "-m", "services.tools", "--config", str(path), "--endpoint", abstract],
+                            env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            stderr=subprocess.DEVNULL)
+    try:
+        with Client(abstract, timeout_s=10) as client:
+            wait_for(lambda: client.health()["ok"], 30, "tools on the abstract socket")
+            with pytest.raises(ServiceError) as info:
+                client.request("tool.call", {"tool": "calculator", "args": {"expression": "1+1"}})
+            assert info.value.code == "unauthorized"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_an_internal_error_reply_carries_no_exception_text(tmp_path):
+    """Finding 7: 500s (the gateway's) and internal errors (every service's) carried the exception's text,
+    file paths included."""
+    secret_path = str(tmp_path / "data" / "keys" / "server.key_secret")
+
+    def bug():
+        raise PermissionError(13, "Permission denied", secret_path)
+
+    app = FastAPI()
+    errors.install(app, 1, structlog.get_logger())
+    app.get("/bug")(bug)
+    answer = TestClient(app, raise_server_exceptions=False).get("/bug")
+    message = answer.json()["error"]["message"]
+    assert answer.status_code == 500 and secret_path not in message and "PermissionError" in message, message
+
+    sent = []
+
+    class Out:
+        def send_multipart(self, frames):
+            sent.append(frames[-1])
+
+    service = Service(make_config(tmp_path), endpoint=f"ipc://{tmp_path}/unused.sock")
+    try:
+        bug()
+    except PermissionError as exc:
+        service.fail(Job([b"peer"], Request("r1", "tool.list", None, {}), time.monotonic()), Out(), exc)
+    reply = decode_reply(sent[0])
+    assert reply.error_code == "internal" and secret_path not in reply.error_message, reply
+    assert "ref" in reply.error_message

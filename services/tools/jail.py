@@ -50,6 +50,20 @@ def _under(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
 
+def private_paths(config: Config) -> list[Path]:
+    """What no tool may read: the data directory, the keys, the ipc sockets, the databases and the strategy."""
+    runtime = config.runtime
+    data_dir = runtime.resolved_data_dir()
+    return [_real(p) for p in (data_dir, runtime.resolved_keys_dir(), runtime.run_dir(),
+                               config.memory.db_path or data_dir / "memory.db",
+                               config.optimizer.strategy_path or data_dir / "strategy.json")]
+
+
+def shown_from_outside(path: Path, roots: list[Path]) -> bool:
+    """Whether one of ``roots`` shows ``path`` without being declared inside it: then ``path`` is covered."""
+    return any(_under(path, r) and not _under(r, path) for r in roots)
+
+
 def _namespace_flags(network: bool) -> list[str]:
     flags = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
     if not network:
@@ -80,7 +94,6 @@ class Jail:
     """How this tool service confines its children; ``wrap`` turns a child command into the confined one."""
 
     def __init__(self, config: Config):
-        runtime = config.runtime
         mode = config.agent.tool_isolation
         self.bwrap: str | None = None
         self.reason = "agent.tool_isolation is off"
@@ -92,11 +105,8 @@ class Jail:
                 raise ConfigError(f"agent.tool_isolation is bubblewrap, but {self.reason}")
         #: The uid the child drops to (None: it keeps the service's).
         self.uid: int | None = config.agent.tool_uid if self.bwrap and os.geteuid() == 0 else None
-        data_dir = runtime.resolved_data_dir()
         #: Never shown to a tool: directories get an empty tmpfs over them, files /dev/null.
-        self.private = [_real(p) for p in (data_dir, runtime.resolved_keys_dir(), runtime.run_dir(),
-                                           config.memory.db_path or data_dir / "memory.db",
-                                           config.optimizer.strategy_path or data_dir / "strategy.json")]
+        self.private = private_paths(config)
         # The interpreter inside: the venv's own bin/python (so the venv is found), by its real path.
         venv_python = _real(sys.prefix) / "bin" / Path(sys.executable).name
         self.python = str(venv_python if venv_python.exists() else _real(sys.executable))
@@ -140,7 +150,7 @@ class Jail:
         real_roots = [_real(r) for r in roots if os.path.exists(r)]
         args += self._binds(real_roots, bound)
         # A root that contains a private path shows it only when the root was declared inside it.
-        args += self._masks(lambda path: any(_under(path, r) and not _under(r, path) for r in real_roots))
+        args += self._masks(lambda path: shown_from_outside(path, real_roots))
         return args + ["--", *child]
 
     @staticmethod

@@ -10,12 +10,14 @@ from pydantic import Field, field_validator
 from shared.config.base import SERVICE_NAMES, WATCHDOG_NAME, Section, magnitude_home, require_known_services
 
 IPC = "ipc://"
+#: Linux abstract sockets (``ipc://@name``) have no file, so no permissions: any local account can connect.
+ABSTRACT_IPC = IPC + "@"
 _EXIT_MARGIN_S = 15.0
 
 
 def ipc_path(endpoint: str) -> Path | None:
-    """The socket file of an ``ipc://`` endpoint; None for other transports."""
-    return Path(endpoint[len(IPC):]) if endpoint.startswith(IPC) else None
+    """The socket file of an ``ipc://`` endpoint; None for other transports and abstract sockets."""
+    return Path(endpoint[len(IPC):]) if endpoint.startswith(IPC) and not endpoint.startswith(ABSTRACT_IPC) else None
 
 
 class RuntimeConfig(Section):
@@ -43,6 +45,9 @@ class RuntimeConfig(Section):
         for name, url in v.items():
             if not url.startswith(("ipc://", "tcp://")):
                 raise ValueError(f"{name}: endpoint must start with ipc:// or tcp://, got {url!r}")
+            if url.startswith(ABSTRACT_IPC):
+                raise ValueError(f"{name}: {url!r} is an abstract socket, which any local account can reach; "
+                                 "use a path (ipc:///run/...) in a private directory")
         return v
 
     def run_dir(self) -> Path:
