@@ -16,6 +16,12 @@ A reply is one or more frames, each a msgpack map with a ``kind``:
 
 Large payloads never travel inline: the body carries a shared-memory handle
 (see ``shared.shm``) and the frame stays small.
+
+Frames hold plain msgpack values only (nil, bool, numbers, str, bin, array,
+map): no object of a class ever comes off the wire. msgpack's extension types
+are refused and its timestamp extension reads as an integer of nanoseconds; no
+module here pickles (ZeroMQ services that did, SGLang's, could be made to run
+code by one frame).
 """
 
 from __future__ import annotations
@@ -302,9 +308,14 @@ class Request:
     body: dict[str, Any]
 
 
+def _no_extensions(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack extension type {code} is not part of the protocol")
+
+
 def _unpack_map(frame: bytes) -> dict:
     try:
-        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=len(frame))
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=len(frame),
+                              ext_hook=_no_extensions, timestamp=2)
     except Exception as exc:  # msgpack raises several types for bad input
         raise ProtocolError(ErrorCode.BAD_FRAME, f"frame is not valid msgpack ({type(exc).__name__})")
     if not isinstance(obj, dict):

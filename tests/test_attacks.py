@@ -12,8 +12,10 @@ default umask, knob ranges defined twice, python tools that could not load.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
+import pickle
 import signal
 import socket
 import stat
@@ -26,6 +28,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx2 as httpx
+import msgpack
 import psutil
 import pytest
 import structlog
@@ -37,6 +40,7 @@ from magnitude import launcher
 from services.gateway import errors
 from services.gateway.keys import create_key
 from services.inference import session_store
+from services.inference.chat_template import ChatTemplate, TemplateError
 from services.inference.session_store import SessionStore
 from services.tools import builtins
 from services.tools.jail import Jail
@@ -46,7 +50,7 @@ from shared.client import Client, CurveKeys, ServiceError
 from shared.config import EngineConfig, TunableSettings, parse_config
 from shared.health import probe
 from shared.logs import configure_logging
-from shared.protocol import MESSAGES, ErrorCode, ProtocolError, Request, decode_reply, encode_request
+from shared.protocol import MESSAGES, ErrorCode, ProtocolError, Request, decode_reply, decode_request, encode_request
 from shared.service import Job, Service
 from tests.conftest import (REPO, REPORT, ServiceProcess, make_config, require_model, running_inference, wait_for,
                             write_config)
@@ -755,3 +759,52 @@ def test_an_internal_error_reply_carries_no_exception_text(tmp_path):
     reply = decode_reply(sent[0])
     assert reply.error_code == "internal" and secret_path not in reply.error_message, reply
     assert "ref" in reply.error_message
+
+
+def test_no_pickle_and_no_objects_come_off_the_wire():
+    """Finding 8: the SGLang ZeroMQ CVEs of 2026 were pickle. No module of ours pickles, and a frame holds plain
+    msgpack values only: extension types (how objects would travel) are a bad_frame."""
+    forbidden_modules = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "marshal", "shelve"}
+    forbidden_calls = {"recv_pyobj", "send_pyobj", "recv_serialized", "send_serialized", "loads_pyobj"}
+    for path in sorted(REPO.glob("*/**/*.py")):
+        if path.parts[len(REPO.parts)] not in ("shared", "services", "magnitude", "scripts"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+                assert not {n.split(".")[0] for n in names if n} & forbidden_modules, (path, names)
+            if isinstance(node, ast.Attribute):
+                assert node.attr not in forbidden_calls, (path, node.attr)
+            if isinstance(node, ast.keyword) and node.arg == "allow_pickle":
+                assert isinstance(node.value, ast.Constant) and node.value.value is False, path
+    for value in (msgpack.ExtType(42, pickle.dumps(print)), msgpack.ExtType(1, b"")):
+        frame = msgpack.packb({"v": 1, "id": "x", "type": "health", "body": {"payload": value}})
+        with pytest.raises(ProtocolError) as info:
+            decode_request(frame, max_frame_bytes=1 << 20, handled={"health"})
+        assert info.value.code == ErrorCode.BAD_FRAME
+    stamp = msgpack.packb({"v": 1, "id": "x", "type": "health", "body": {"at": msgpack.Timestamp(1, 5)}})
+    assert decode_request(stamp, max_frame_bytes=1 << 20, handled={"health"}).body["at"] == 1_000_000_005
+
+
+@pytest.mark.parametrize("template, refused", [
+    # CVE-2024-34359 (llama-cpp-python): a GGUF's chat template reaching os through the subclasses of object.
+    pytest.param("{% for x in ().__class__.__base__.__subclasses__() %}{% if 'warning' in x.__name__ %}"
+                 "{{ x()._module.__builtins__['__import__']('os').system('touch PWNED') }}{% endif %}{% endfor %}",
+                 "unsafe", id="cve-2024-34359"),
+    pytest.param("{{ cycler.__init__.__globals__.os.system('touch PWNED') }}", "unsafe", id="globals"),
+    # Sized so that main, which computed them (the constant ones while compiling), fails fast: a template can
+    # ask for 9 ** 99999999, 'a' * 10**10 or range(100000) inside range(100000) as easily.
+    pytest.param("{{ (9 ** 1000000) | string | length }}", "4096 bits", id="power"),
+    pytest.param("{{ ('a' * 200000000) | length }}", "sequence over", id="repeat"),
+    pytest.param("{% for i in range(100000) %}{% for j in range(20) %}{% endfor %}{% endfor %}", "ranges go over",
+                 id="nested-ranges"),
+])
+def test_a_hostile_chat_template_renders_nothing_dangerous(template, refused, tmp_path, monkeypatch):
+    """Finding 8: a GGUF's tokenizer.chat_template is code from whoever made the file."""
+    monkeypatch.chdir(tmp_path)
+    started = time.monotonic()
+    with pytest.raises(TemplateError, match=refused):
+        ChatTemplate(template).render_text([{"role": "user", "content": "hi"}])
+    assert time.monotonic() - started < 2 and not (tmp_path / "PWNED").exists()
+    assert ChatTemplate("{{ 2 ** 10 }} {{ 'ab' * 3 }} {{ 123456 * 654321 }}").render_text([]) == \
+        "1024 ababab 80779853376"
