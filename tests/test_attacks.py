@@ -550,8 +550,9 @@ def test_keyless_feedback_is_bounded_in_rate_size_and_rows(tmp_path):
     """Finding 4a: without keys the gateway relayed any amount of feedback, the mesh's privileged message."""
     config = make_config(tmp_path)
     optimizer = ServiceProcess("optimizer", write_config(tmp_path, config), config).start()
-    gateway, url = _gateway(tmp_path)  # gateway.feedback_per_minute: 30 by default
+    gateway = None
     try:
+        gateway, url = _gateway(tmp_path)  # gateway.feedback_per_minute: 30 by default
         answers = [httpx.post(f"{url}/v1/feedback", json={"session_id": f"run-{i}", "success": True}).status_code
                    for i in range(32)]
         assert answers == [200] * 30 + [429] * 2, answers
@@ -559,7 +560,8 @@ def test_keyless_feedback_is_bounded_in_rate_size_and_rows(tmp_path):
                                                      "details": {"log": "x" * 20000}})
         assert big.status_code == 400 and "details" in big.json()["error"]["message"]
     finally:
-        gateway.stop()
+        if gateway is not None:
+            gateway.stop()
         optimizer.stop()
     config = parse_config({**config.model_dump(mode="json"), "optimizer": {"max_feedback_rows": 100}})
     optimizer = ServiceProcess("optimizer", write_config(tmp_path, config), config).start()
@@ -596,7 +598,7 @@ def test_a_request_naming_another_host_is_refused(tmp_path):
     gateway, url = _gateway(tmp_path, allowed_hosts=["robot.local"])
     port = urlsplit(url).port
     try:
-        for host in (f"evil.example:{port}", "evil.example", f"0.0.0.0:{port}", ""):
+        for host in (f"evil.example:{port}", "evil.example", f"0.0.0.0:{port}", "", "[::1"):
             answer = httpx.get(f"{url}/metrics", headers={"Host": host})
             assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_host", (host, answer)
         for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "robot.local"):

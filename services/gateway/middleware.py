@@ -37,11 +37,19 @@ class HostCheck:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and "*" not in self.allowed:
             header = Headers(scope=scope).get("host", "")
-            if urlsplit(f"//{header}").hostname not in self.allowed:
+            if _host_name(header) not in self.allowed:
                 return await self.respond(ApiError(
                     400, "invalid_request_error", "invalid_host",
                     f"Host {header[:100]!r} is not a name of this gateway (gateway.allowed_hosts)"))(scope, receive, send)
         await self.app(scope, receive, send)
+
+
+def _host_name(header: str) -> str | None:
+    """The name a Host header carries ('[::1]:8000' -> '::1'); None when it is not a host[:port]."""
+    try:
+        return urlsplit(f"//{header}").hostname
+    except ValueError:  # an unclosed IPv6 bracket
+        return None
 
 
 class Admission:
