@@ -1,5 +1,6 @@
 """compose.yaml must name only things that exist: service packages, scripts, volumes, config."""
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -96,3 +97,18 @@ def test_the_watchdog_depends_on_every_service_so_down_stops_it_first():
     supervised = {name for name, svc in COMPOSE["services"].items()
                   if service_module(svc["command"]) and name != "watchdog"}
     assert supervised <= set(COMPOSE["services"]["watchdog"]["depends_on"])
+
+
+def test_the_tools_container_sandboxes_and_sees_only_the_run_volume():
+    """Issue 23, finding 2: a seccomp profile of the repo lets bwrap create namespaces, in that container only
+    (no privileged, no unconfined profile); the config refuses to run tools bare; no data or models volume."""
+    tools = COMPOSE["services"]["tools"]
+    assert tools["volumes"] == ["run:/run/magnitude"]
+    assert tools["security_opt"] == ["seccomp=docker/seccomp-tools.json"] and not tools.get("privileged")
+    profile = json.loads((REPO / "docker" / "seccomp-tools.json").read_text())
+    refused = {name for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ERRNO" for name in rule["names"]}
+    assert not refused & {"unshare", "clone", "mount", "umount2", "pivot_root"}  # what bwrap needs
+    assert {"bpf", "keyctl", "open_by_handle_at", "ptrace", "userfaultfd", "kexec_load"} <= refused
+    for name, svc in COMPOSE["services"].items():
+        assert name == "tools" or "security_opt" not in svc, name
+    assert yaml.safe_load((REPO / "docker" / "magnitude.yaml").read_text())["agent"]["tool_isolation"] == "bubblewrap"
