@@ -1,4 +1,4 @@
-"""Issue 16's findings, each as the attack that worked before and must fail now.
+"""Issues 16's and 23's findings, each as the attack that worked before and must fail now.
 
 Hostile clients: a grammar that crashed llama.cpp, a shm handle forged from a
 name listed in /dev/shm, a tool call over loopback tcp without a key, a batch
@@ -8,6 +8,13 @@ reaching the network, a shell value that became an option. Dying workers and
 shutdowns: a dead worker that still read healthy, a SIGTERM during the first
 prefill that dropped its reply. And the smaller ones: secrets written with the
 default umask, knob ranges defined twice, python tools that could not load.
+
+Issue 23 (the section at the end; its table in docs/security.md): files planted in
+/dev/shm that stopped every start, a failed `up` that `down` could not stop, the
+gateway's doors (keyless feedback, revoked keys, Host, uncounted routes), shm
+segments of any size, drains that cut streams, the smaller ones, hostile chat
+templates and objects on the wire. Finding 2 (tools under compose) is in
+tests/test_compose_e2e.py.
 """
 
 from __future__ import annotations
