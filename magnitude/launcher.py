@@ -52,8 +52,12 @@ def up(config: Config, config_path: str | None, progress=print) -> list[ServiceS
 
 
 def down(config: Config) -> dict[str, str]:
-    """The watchdog first (else it restarts what is being stopped), then the services in reverse order."""
-    return {name: process.stop(config, name) for name in (WATCHDOG_NAME, *reversed(SERVICE_NAMES))}
+    """The watchdog first (else it restarts what is being stopped), then the services in reverse order; then
+    any process of the stack no pid file names (its starter died before writing it, as in a failed ``up``)."""
+    stopped = {name: process.stop(config, name) for name in (WATCHDOG_NAME, *reversed(SERVICE_NAMES))}
+    for pid, cmdline in process.stack_processes(config).items():
+        stopped[cmdline] = process.stop_pid(pid, config.runtime.stop_timeout_s())
+    return stopped
 
 
 def health(config: Config, names: list[str] | None = None, timeout_s: float = 5.0) -> list[ServiceStatus]:

@@ -15,17 +15,26 @@ Each input is one of:
   the model faked), inference (the test instruct model loaded: control messages, tokenize, sessions,
   ``generate``'s validation: prompt/shm, parameters, grammar limits, and ``chat``'s: messages, tools
   and schemas rendered with the model's template into a constraint). Shell templates are filled
-  with the fuzzed args too.
+  with the fuzzed args too;
+* ``gateway``: an HTTP request to the real gateway app (its middlewares, routes, schemas and error
+  handlers; nothing behind it, so what passes validation meets ``unavailable``): a route, a body of
+  raw bytes or of JSON built like a handler's body, and fuzzed Host, Authorization and X-Session-Id;
+* ``tool_calls``: model text (the markup, brackets and words of tool calls) through ``tool_calls.scan``,
+  as a stream and as a final reply;
+* ``shm``: a shared-memory segment holding fuzzed bytes (a header forged or a real one) taken with a
+  fuzzed handle, session and size cap.
 
-The oracle: an input may be answered or refused with a typed ``ProtocolError``; any other exception
-is a finding (libFuzzer stops and prints the input and the traceback). Counts are printed every
-``--report`` inputs and at the end: inputs per target, ok replies, typed errors by code.
+The oracle: an input may be answered or refused with a typed ``ProtocolError`` (an HTTP status below
+500 for the gateway); any other exception is a finding (libFuzzer stops and prints the input and the
+traceback). Counts are printed every ``--report`` inputs and at the end: inputs per target, ok
+replies, typed errors by code.
 """
 
 from __future__ import annotations
 
 import argparse
 import atexit
+import json
 import math
 import os
 import sys
@@ -40,7 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 with atheris.instrument_imports(include=["shared", "services"]):
     from services.embedding.service import EmbeddingService
+    from services.gateway.service import GatewayService
     from services.inference.service import InferenceService, _not_found
+    from services.inference.tool_calls import CLOSE, OPEN, scan, tool_table
     from services.optimizer.service import OptimizerService
     from services.retrieval.service import RetrievalService
     from services.tools.service import ToolService, shell_argv
@@ -50,6 +61,7 @@ with atheris.instrument_imports(include=["shared", "services"]):
     from shared.service import Emitter
 
 import numpy as np
+from starlette.testclient import TestClient
 
 #: Words handlers branch on, so the fuzzer reaches past "unknown key" quickly.
 WORDS = sorted({*KNOBS, *(f for spec in MESSAGES.values() for f in spec.fields), "calculator", "file_reader",
@@ -63,6 +75,21 @@ WORDS = sorted({*KNOBS, *(f for spec in MESSAGES.values() for f in spec.fields),
 FUZZED_SERVICES = ("inference", "embedding", "retrieval", "tools", "optimizer")
 TYPES = sorted(t for t, spec in MESSAGES.items() if spec.service in FUZZED_SERVICES)
 SHELL_TEMPLATES = ["echo said: {text}", "ls -- {dir}", "robotctl goto --room={room} {speed}", "cp {a}{b} {c}"]
+#: The gateway's routes with their methods, and the fields their bodies take.
+ROUTES = [("POST", "/v1/chat/completions", ["model", "messages", "tools", "tool_choice", "response_format",
+                                             "temperature", "max_tokens", "stream", "stop", "stream_options"]),
+          ("POST", "/v1/completions", ["model", "prompt", "max_tokens", "temperature", "echo", "stream", "seed"]),
+          ("POST", "/v1/embeddings", ["model", "input", "encoding_format", "dimensions"]),
+          ("POST", "/v1/feedback", ["session_id", "success", "error_reason", "details"]),
+          ("GET", "/v1/models", []), ("GET", "/v1/models/default", []), ("GET", "/health", []),
+          ("GET", "/metrics", []), ("GET", "/openapi.json", []), ("DELETE", "/v1/completions", [])]
+HOSTS = ["testserver", "localhost:8000", "127.0.0.1", "[::1]:8000", "evil.example", "", "0.0.0.0:8000", "[::1"]
+#: What tool-call text is made of, so the scanner's branches are reached.
+TOOL_TEXT = [OPEN, CLOSE, "```json\n", "```python\n", "```", "{", "}", "[", "]", '"name"', '"arguments"', ": ",
+             ", ", '"read_thermometer"', '"room"', '"kitchen"', "\n", " ", "null", "1", '"', "\\", "{{", "}}"]
+FUZZED_TOOLS = tool_table([{"type": "function", "function": {
+    "name": "read_thermometer", "parameters": {"type": "object", "properties": {"room": {"enum": ["kitchen"]}},
+                                               "required": ["room"]}}}, {"type": "function", "function": {"name": "noop"}}])
 COUNTS: Counter = Counter()
 
 
@@ -119,7 +146,8 @@ class FakeEmbedder:
 
 
 class Services:
-    """One real service object per service, never bound: the fuzzer calls their handlers directly."""
+    """One real service object per service, never bound: the fuzzer calls their handlers directly (the
+    gateway's app through an in-process HTTP client)."""
 
     def __init__(self, home: Path):
         (home / "files").mkdir()
@@ -130,6 +158,7 @@ class Services:
             "engine": {"model_path": str(catalog.get(catalog.TEST_CHAT_MODEL).path()), "n_ctx": 512,
                        "session_slots": 2, "self_optimize": False},
             "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data"), "log_level": "error"},
+            "gateway": {"port": 0, "allowed_hosts": ["testserver"], "request_timeout_s": 2},
             "metrics": {"enabled": False}})
         self.inference = InferenceService(config)
         with mock.patch("services.embedding.service.Embedder", lambda config: FakeEmbedder()):
@@ -138,6 +167,7 @@ class Services:
         self.retrieval._embed = lambda texts: FakeEmbedder().embed(texts)[0]
         self.tools = ToolService(config)
         self.optimizer = OptimizerService(config)
+        self.http = TestClient(GatewayService(config).server.config.app)
         self.by_name = {s.name: s for s in (self.inference, self.embedding, self.retrieval, self.tools,
                                              self.optimizer)}
 
@@ -168,25 +198,87 @@ class Services:
                     pass
 
 
+def gateway_input(fdp: atheris.FuzzedDataProvider, http: TestClient) -> None:
+    method, path, fields = fdp.PickValueInList(ROUTES)
+    # Header values as bytes: they reach the app as sent (the HTTP client would refuse non-ASCII text).
+    headers = {"host": fdp.PickValueInList(HOSTS).encode() if fdp.ConsumeIntInRange(0, 7) else fdp.ConsumeBytes(12)}
+    if fdp.ConsumeBool():
+        headers["authorization"] = b"Bearer " + fdp.ConsumeBytes(12)
+    if fdp.ConsumeBool():
+        headers["x-session-id"] = fdp.ConsumeBytes(8)
+    if fdp.ConsumeBool():
+        body = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 2048))
+    else:
+        document = {fdp.PickValueInList(fields) if fields and fdp.ConsumeIntInRange(0, 4) else key(fdp): value(fdp)
+                    for _ in range(fdp.ConsumeIntInRange(0, len(fields) + 2))}
+        body = json.dumps(document, default=lambda v: v.hex() if isinstance(v, bytes) else str(v)).encode()
+    answer = http.request(method, path, content=body, headers={**headers, "content-type": b"application/json"})
+    COUNTS[f"http:{answer.status_code}"] += 1
+    if answer.status_code >= 500 and answer.status_code != 503:  # 503: nothing runs behind it, as intended
+        raise AssertionError(f"{method} {path} answered {answer.status_code}: {answer.text[:500]}")
+
+
+def tool_call_input(fdp: atheris.FuzzedDataProvider) -> None:
+    text = "".join(fdp.PickValueInList(TOOL_TEXT) if fdp.ConsumeIntInRange(0, 3) else
+                   fdp.ConsumeUnicodeNoSurrogates(4) for _ in range(fdp.ConsumeIntInRange(0, 40)))
+    final = scan(text, FUZZED_TOOLS, final=True)
+    streamed = scan(text, FUZZED_TOOLS, final=False)
+    assert final.content.startswith(streamed.content) or streamed.calls, (text, final, streamed)
+
+
+def shm_input(fdp: atheris.FuzzedDataProvider) -> None:
+    """A segment of fuzzed bytes, or a real one, taken with a fuzzed handle."""
+    session = fdp.PickValueInList([None, "a", "b"])
+    if fdp.ConsumeBool():
+        handle = shm.put_bytes(fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 512)), session=session)
+        name = handle["name"]
+    else:
+        raw = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 600))
+        segment = shm._create(len(raw))  # noqa: SLF001 - a segment in our name format, of whatever bytes
+        segment.buf[:len(raw)] = raw
+        name = segment.name
+        segment.close()
+        handle = {"name": name, "key": raw[4:20].hex() if len(raw) >= 20 else "0" * 32, "kind": "bytes"}
+    for field in ("name", "key", "size", "session"):
+        if fdp.ConsumeIntInRange(0, 3) == 0:
+            handle[field] = value(fdp)
+    try:
+        shm.take_bytes(handle, fdp.PickValueInList([session, "b", None]),
+                       max_bytes=fdp.ConsumeIntInRange(0, 1024))
+    finally:
+        shm.unlink(name)
+
+
+def decoder_input(fdp: atheris.FuzzedDataProvider, services: Services) -> None:
+    frame = fdp.ConsumeBytes(fdp.remaining_bytes())
+    try:
+        decode_reply(frame)
+    except ProtocolError:
+        pass
+    decode_request(frame, max_frame_bytes=1 << 20, handled=set(MESSAGES))
+
+
+def handler_input(fdp: atheris.FuzzedDataProvider, services: Services) -> None:
+    msg_type = fdp.PickValueInList(TYPES)
+    session = None if fdp.ConsumeBool() else fdp.ConsumeUnicodeNoSurrogates(16) or None
+    frame = encode_request(msg_type, body_for(fdp, msg_type), session=session)
+    services.handle(decode_request(frame, max_frame_bytes=1 << 20, handled=set(MESSAGES)))
+
+
+#: Targets by the input's first choice: half go to the handlers, an eighth to each of the others.
+TARGETS = {"decoder": decoder_input, "gateway": lambda fdp, services: gateway_input(fdp, services.http),
+           "tool_calls": lambda fdp, services: tool_call_input(fdp), "shm": lambda fdp, services: shm_input(fdp),
+           "handlers": handler_input}
+PICKS = ["decoder", "gateway", "tool_calls", "shm"] + ["handlers"] * 4
+
+
 def one_input(data: bytes, services: Services) -> None:
     fdp = atheris.FuzzedDataProvider(data)
-    if fdp.ConsumeIntInRange(0, 3) == 0:
-        target, frame = "decoder", fdp.ConsumeBytes(len(data))
-        try:
-            decode_reply(frame)
-        except ProtocolError:
-            pass
-    else:
-        target = "handlers"
-        msg_type = fdp.PickValueInList(TYPES)
-        session = None if fdp.ConsumeBool() else fdp.ConsumeUnicodeNoSurrogates(16) or None
-        frame = encode_request(msg_type, body_for(fdp, msg_type), session=session)
+    target = PICKS[fdp.ConsumeIntInRange(0, len(PICKS) - 1)]
     COUNTS["inputs"] += 1
     COUNTS[target] += 1
     try:
-        req = decode_request(frame, max_frame_bytes=1 << 20, handled=set(MESSAGES))
-        if target == "handlers":
-            services.handle(req)
+        TARGETS[target](fdp, services)
         COUNTS["ok"] += 1
     except ProtocolError as err:
         COUNTS[f"error:{err.code}"] += 1

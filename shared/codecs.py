@@ -25,9 +25,9 @@ def put_array(array: np.ndarray, pool: shm.ShmPool | None = None, session: str |
     return {**handle, "kind": "array", "dtype": array.dtype.str, "shape": list(array.shape)}
 
 
-def take_array(handle: Any, session: str | None = None) -> np.ndarray:
-    """Read an array segment (copied out) and unlink it."""
-    data = shm.take_bytes(handle, session)
+def take_array(handle: Any, session: str | None = None, max_bytes: int = shm.MAX_TAKE_BYTES) -> np.ndarray:
+    """Read an array segment of at most ``max_bytes`` (copied out) and unlink it."""
+    data = shm.take_bytes(handle, session, max_bytes)
     try:
         dtype = np.dtype(handle["dtype"])
         shape = tuple(int(d) for d in handle["shape"])

@@ -4,6 +4,11 @@ Each service is ``python -m services.<name>``, detached into its own session,
 its stderr (JSON logs) in ``<run_dir>/<name>.log`` and its pid in
 ``<run_dir>/<name>.pid``. The launcher (``magnitude up``) and the watchdog's
 local backend both start and stop services through this module.
+
+A pid file is written after the process exists, so a starter that dies in
+between (a watchdog failing its own start) leaves a service no pid file names.
+Every process started here therefore carries its stack's run directory in its
+environment (``STACK_ENV``), and ``stack_processes`` finds them by it.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ from shared.config import Config
 from shared.security import private_dir
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
+#: Set in every spawned service's environment (inherited by what it starts): the stack's run directory.
+STACK_ENV = "MAGNITUDE_STACK"
 
 
 def pid_file(config: Config, name: str) -> Path:
@@ -31,9 +38,16 @@ def log_file(config: Config, name: str) -> Path:
     return config.runtime.run_dir() / f"{name}.log"
 
 
+#: The kernel's ceiling for pid_max (PID_MAX_LIMIT): no process has a larger pid.
+_PID_LIMIT = 1 << 22
+
+
 def is_alive(pid: int) -> bool:
     """True while ``pid`` is alive. An exited child of ours is reaped here (the watchdog is the parent of
-    what it restarts); a zombie whose parent has not reaped it yet counts as exited."""
+    what it restarts); a zombie whose parent has not reaped it yet counts as exited. A number that cannot
+    be a pid (0 or below would name process groups to ``waitpid``) is no live process."""
+    if not 0 < pid <= _PID_LIMIT:
+        return False
     try:
         os.waitpid(pid, os.WNOHANG)
     except ChildProcessError:
@@ -65,7 +79,7 @@ def spawn(config: Config, name: str, config_path: str | None,
     run_dir = config.runtime.run_dir()
     private_dir(run_dir)
     cmd = [sys.executable, "-m", f"services.{name}"] + (["--config", str(config_path)] if config_path else [])
-    env = dict(os.environ, **(extra_env or {}),
+    env = dict(os.environ, **(extra_env or {}), **{STACK_ENV: _stack_mark(config)},
                PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])))
     with open(log_file(config, name), "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
@@ -74,18 +88,38 @@ def spawn(config: Config, name: str, config_path: str | None,
     return proc
 
 
-def stop(config: Config, name: str, timeout_s: float = 30.0) -> str:
-    """SIGTERM (the service drains in-flight work), then SIGKILL after ``timeout_s`` (0: a hung one, at once)."""
+def stop(config: Config, name: str, timeout_s: float | None = None) -> str:
+    """SIGTERM (the service drains in-flight work), then SIGKILL after ``timeout_s`` (default: the drain
+    timeout and a margin; 0: a hung one, at once)."""
     pid = read_pid(config, name)
     if pid is None:
         return "not running"
-    if timeout_s > 0 and signal_and_wait(pid, signal.SIGTERM, timeout_s):
-        outcome = f"stopped (pid {pid})"
-    else:
-        signal_and_wait(pid, signal.SIGKILL, 10.0)
-        outcome = f"killed (pid {pid}) after {timeout_s:g}s"
+    outcome = stop_pid(pid, config.runtime.stop_timeout_s() if timeout_s is None else timeout_s)
     pid_file(config, name).unlink(missing_ok=True)
     return outcome
+
+
+def stop_pid(pid: int, timeout_s: float) -> str:
+    if timeout_s > 0 and signal_and_wait(pid, signal.SIGTERM, timeout_s):
+        return f"stopped (pid {pid})"
+    signal_and_wait(pid, signal.SIGKILL, 10.0)
+    return f"killed (pid {pid}) after {timeout_s:g}s"
+
+
+def _stack_mark(config: Config) -> str:
+    return str(config.runtime.run_dir().resolve())
+
+
+def stack_processes(config: Config) -> dict[int, str]:
+    """pid -> command line of every live process of this uid that carries this stack's mark, pid file or not."""
+    mark, uid, found = _stack_mark(config), os.getuid(), {}
+    for proc in psutil.process_iter(["uids", "cmdline"]):
+        try:
+            if proc.info["uids"].real == uid and proc.pid != os.getpid() and proc.environ().get(STACK_ENV) == mark:
+                found[proc.pid] = " ".join(proc.info["cmdline"] or [])[:120]
+        except psutil.Error:
+            continue  # gone, or not readable: not one of ours
+    return found
 
 
 def signal_and_wait(pid: int, sig: int, wait_s: float) -> bool:

@@ -16,6 +16,12 @@ A reply is one or more frames, each a msgpack map with a ``kind``:
 
 Large payloads never travel inline: the body carries a shared-memory handle
 (see ``shared.shm``) and the frame stays small.
+
+Frames hold plain msgpack values only (nil, bool, numbers, str, bin, array,
+map): no object of a class ever comes off the wire. msgpack's extension types
+are refused and its timestamp extension reads as an integer of nanoseconds; no
+module here pickles (ZeroMQ services that did, SGLang's, could be made to run
+code by one frame).
 """
 
 from __future__ import annotations
@@ -50,6 +56,13 @@ class ErrorCode:
     INTERNAL = "internal"  # the handler failed; the service keeps serving
     TOOL_FAILED = "tool_failed"  # a tool timed out, crashed, ran out of memory or raised; message says which
     CANCELLED = "cancelled"  # the client cancelled the request (``cancel``) or went away
+
+
+def internal_error(where: str, exc: BaseException) -> tuple[str, str]:
+    """A reference and the message a client gets for a bug (``internal``, HTTP 500): the exception's type and
+    where its log line is, never its text, which may name files (paths of the data directory, the keys)."""
+    ref = uuid.uuid4().hex[:12]
+    return ref, f"internal error ({type(exc).__name__}); the {where} log has the details under ref {ref}"
 
 
 class ProtocolError(Exception):
@@ -328,9 +341,14 @@ class Request:
         return self.session, self.id
 
 
+def _no_extensions(code: int, data: bytes) -> Any:
+    raise ValueError(f"msgpack extension type {code} is not part of the protocol")
+
+
 def _unpack_map(frame: bytes) -> dict:
     try:
-        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=len(frame))
+        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=len(frame),
+                              ext_hook=_no_extensions, timestamp=2)
     except Exception as exc:  # msgpack raises several types for bad input
         raise ProtocolError(ErrorCode.BAD_FRAME, f"frame is not valid msgpack ({type(exc).__name__})")
     if not isinstance(obj, dict):

@@ -38,7 +38,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from shared.config import RuntimeConfig
+from shared.config import RuntimeConfig, ipc_path
 
 
 class SecurityError(RuntimeError):
@@ -62,9 +62,9 @@ def needs_curve(runtime: RuntimeConfig, endpoint: str) -> bool:
 
 
 def peers_authenticated(endpoint: str, curve: bool) -> bool:
-    """Whether every peer of a bound endpoint is a known principal: ipc/inproc (0700 directory, this
-    process) or a CURVE server (only keys in clients/ get through)."""
-    return curve or not endpoint.startswith("tcp://")
+    """Whether every peer of a bound endpoint is a known principal: ipc in a 0700 directory, inproc (this
+    process), or a CURVE server (only keys in clients/ get through). An abstract ipc socket has no directory."""
+    return curve or endpoint.startswith("inproc://") or ipc_path(endpoint) is not None
 
 
 def private_dir(path: Path) -> Path:

@@ -64,9 +64,9 @@ from shared.protocol import (
     decode_request,
     encode_error,
     encode_reply,
+    internal_error,
 )
 
-_DRAIN_TIMEOUT_S = 60.0
 _REMEMBERED_BYTES = 16 << 20  # budget for remembered ok replies
 _REMEMBER_MAX_REPLY = 64 << 10  # bigger replies are not kept (a retry runs again)
 
@@ -142,6 +142,9 @@ class Service:
 
     def close(self) -> None:
         """Release resources after the loop has stopped."""
+
+    def serving(self) -> None:
+        """Called once the socket is bound and the workers run: start here what must not run for a failed start."""
 
     def worker_stall_s(self) -> float:
         """A worker silent for longer than this is stuck (a service whose jobs may run longer raises it)."""
@@ -226,7 +229,7 @@ class Service:
         data_dir = self.config.runtime.resolved_data_dir()
         if data_dir.is_dir():
             private_dir(data_dir)  # databases, strategy and keys: no other user (nor a tool's uid) reads them
-        removed = shm.sweep_orphans()
+        removed = self._sweep_shm()
         frontend = self._bind()
         self._serve_metrics()
         replies = self._ctx.socket(zmq.PULL)
@@ -238,6 +241,7 @@ class Service:
         self.telemetry.start()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: self.stop())
+        self.serving()
         self.log.info("service_started", endpoint=self.endpoint, pid=os.getpid(), shm_orphans_removed=len(removed),
                       curve=self._curve is not None, **self.health_details())
         poller = zmq.Poller()
@@ -247,8 +251,8 @@ class Service:
         last_reap = time.monotonic()
         while True:
             if self._stopping.is_set():
-                stop_deadline = stop_deadline or time.monotonic() + _DRAIN_TIMEOUT_S
-                answered = not self._inflight or not any(w.is_alive() for w in self._workers)
+                stop_deadline = stop_deadline or time.monotonic() + self.config.runtime.drain_timeout_s
+                answered = not self.draining() or not any(w.is_alive() for w in self._workers)
                 if answered or time.monotonic() > stop_deadline:
                     break
             for sock, _ in poller.poll(100):
@@ -275,6 +279,14 @@ class Service:
         if (path := ipc_path(self.endpoint)) is not None:
             path.unlink(missing_ok=True)
         self.log.info("service_stopped")
+
+    def _sweep_shm(self) -> list[str]:
+        """Unlink dead processes' segments; housekeeping, so whatever goes wrong costs a log line, not the start."""
+        try:
+            return shm.sweep_orphans()
+        except Exception as exc:
+            self.log.warning("shm_sweep_failed", error=f"{type(exc).__name__}: {exc}")
+            return []
 
     def _account(self, msg_type: str, received_at: float, code: str | None = None,
                  started_at: float | None = None) -> None:
@@ -405,6 +417,14 @@ class Service:
             self.fail(job, out, ProtocolError(ErrorCode.CANCELLED, "cancelled by the client before it ran"))
             timeout_s = 0
 
+    def draining(self) -> bool:
+        """Accepted work is still unanswered: a stopping service waits for it (up to the drain timeout)."""
+        return bool(self._inflight)
+
+    def running(self) -> int:
+        with self._running_lock:
+            return self._running_jobs
+
     def idle_and_stopping(self) -> bool:
         return self._stopping.is_set() and self._jobs.empty()
 
@@ -445,9 +465,10 @@ class Service:
         if isinstance(exc, ProtocolError):
             code, message = exc.code, exc.message
         else:
-            self.log.error("handler_failed", type=job.request.type, request_id=job.request.id,
+            ref, message = internal_error(self.name, exc)
+            self.log.error("handler_failed", type=job.request.type, request_id=job.request.id, ref=ref,
                            exc_info=(type(exc), exc, exc.__traceback__))
-            code, message = ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"
+            code = ErrorCode.INTERNAL
         self.send_frame(job, out, "error", encode_error(job.request.id, code, message), code)
 
     def run_job(self, job: Job, out: zmq.Socket) -> None:

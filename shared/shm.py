@@ -7,7 +7,9 @@ a TTL (consumer died or never asked), and at start-up ``sweep_orphans`` unlinks
 segments whose creating process is gone, so a crash leaks nothing past a restart.
 
 Segment names are ``mag_<pid>_<hex>`` so the owner pid can be recovered, and
-segments are created mode 0600. Names are listable in /dev/shm, so a name is not
+segments are created mode 0600. /dev/shm is world-writable, so the start-up sweep
+touches only names in exactly that format and files owned by this uid, and a file
+it cannot judge is skipped, never a reason to fail. Names are listable in /dev/shm, so a name is not
 a capability: whoever creates a segment writes a header into it that records a
 random 128-bit key and, when the segment is made for a session, that session
 (its SHA-256). The handle carries the key; ``take_*`` opens a segment only when
@@ -15,6 +17,11 @@ the handle's key matches the header's and the request's session matches the
 recorded one. A handle forged from a listed name, or claimed for another
 session, is refused and the segment is left for its owner: a service can never
 be made to read or unlink a buffer its caller was not given.
+
+A taker says how much it will read (``max_bytes``): the segment's and the
+header's sizes are checked before a payload byte is copied, and a bigger one is
+a ``too_large`` error for that request (the segment is unlinked: its handle was
+valid, so it was the caller's to give up).
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ PREFIX = "mag_"
 _SHM_DIR = Path("/dev/shm")
 #: Payloads above this many bytes are sent through shm instead of inline.
 INLINE_LIMIT_BYTES = 256 * 1024
+#: What ``take_*`` reads at most unless its caller says otherwise.
+MAX_TAKE_BYTES = 64 << 20
 _MAX_SEGMENT_BYTES = 1 << 31
 _NAME = re.compile(rf"^{PREFIX}[0-9]{{1,10}}_[0-9a-f]{{16}}$")
 _KEY = re.compile(r"^[0-9a-f]{32}$")
@@ -82,9 +91,9 @@ def _parse_handle(handle: Any) -> tuple[str, bytes]:
     return name, bytes.fromhex(key)
 
 
-def _open(handle: Any, session: str | None) -> tuple[shared_memory.SharedMemory, int]:
+def _open(handle: Any, session: str | None, max_bytes: int) -> tuple[shared_memory.SharedMemory, int]:
     """Open the segment a handle names if the handle's key and the caller's session match what its creator
-    recorded; return it and its payload size."""
+    recorded and it holds at most ``max_bytes``; return it and its payload size."""
     name, key = _parse_handle(handle)
     missing = ProtocolError(ErrorCode.NOT_FOUND, f"shm buffer {name} does not exist (expired or already taken)")
     try:
@@ -105,6 +114,10 @@ def _open(handle: Any, session: str | None) -> tuple[shared_memory.SharedMemory,
     except ProtocolError:
         shm.close()
         raise
+    if max(size, shm.size - _HEADER.size) > max_bytes:
+        _finish(shm)
+        raise ProtocolError(ErrorCode.TOO_LARGE, f"shm buffer {name} holds {size} bytes; this request takes at "
+                                                 f"most {max_bytes}")
     return shm, size
 
 
@@ -126,9 +139,10 @@ def _finish(shm: shared_memory.SharedMemory) -> None:
     unlink(shm.name)  # not shm.unlink(): that would also notify the resource tracker we left
 
 
-def take_bytes(handle: Any, session: str | None = None) -> bytes:
-    """Read a bytes segment and unlink it: a handle can be taken once, by its own session."""
-    shm, size = _open(handle, session)
+def take_bytes(handle: Any, session: str | None = None, max_bytes: int = MAX_TAKE_BYTES) -> bytes:
+    """Read a bytes segment of at most ``max_bytes`` and unlink it: a handle can be taken once, by its own
+    session."""
+    shm, size = _open(handle, session, max_bytes)
     try:
         return bytes(shm.buf[_HEADER.size: _HEADER.size + size])
     finally:
@@ -145,17 +159,24 @@ def unlink(name: str) -> bool:
 
 
 def sweep_orphans() -> list[str]:
-    """Unlink Magnitude segments whose creating process no longer exists."""
+    """Unlink our uid's Magnitude segments whose creating process no longer exists.
+
+    Anyone can create files in /dev/shm: a name not in our exact format, or a file of another uid, is not
+    ours to judge, and one that vanishes or cannot be read while we look is skipped."""
     removed = []
     if not _SHM_DIR.is_dir():
         return removed
+    uid = os.geteuid()
     for path in _SHM_DIR.glob(f"{PREFIX}*"):
-        try:
-            pid = int(path.name[len(PREFIX):].split("_", 1)[0])
-        except ValueError:
+        if not _NAME.match(path.name):
             continue
-        if not is_alive(pid) and unlink(path.name):
-            removed.append(path.name)
+        try:
+            if path.lstat().st_uid != uid:
+                continue
+            if not is_alive(int(path.name[len(PREFIX):].split("_", 1)[0])) and unlink(path.name):
+                removed.append(path.name)
+        except OSError:
+            continue
     return removed
 
 

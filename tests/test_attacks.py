@@ -1,4 +1,4 @@
-"""Issue 16's findings, each as the attack that worked before and must fail now.
+"""Issues 16's and 23's findings, each as the attack that worked before and must fail now.
 
 Hostile clients: a grammar that crashed llama.cpp, a shm handle forged from a
 name listed in /dev/shm, a tool call over loopback tcp without a key, a batch
@@ -8,29 +8,59 @@ reaching the network, a shell value that became an option. Dying workers and
 shutdowns: a dead worker that still read healthy, a SIGTERM during the first
 prefill that dropped its reply. And the smaller ones: secrets written with the
 default umask, knob ranges defined twice, python tools that could not load.
+
+Issue 23 (the section at the end; its table in docs/security.md): files planted in
+/dev/shm that stopped every start, a failed `up` that `down` could not stop, the
+gateway's doors (keyless feedback, revoked keys, Host, uncounted routes), shm
+segments of any size, drains that cut streams, the smaller ones, hostile chat
+templates and objects on the wire. Finding 2 (tools under compose) is in
+tests/test_compose_e2e.py.
 """
 
 from __future__ import annotations
 
+import ast
+import json
 import os
+import pickle
 import signal
 import socket
 import stat
+import struct
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
+import httpx2 as httpx
+import msgpack
 import psutil
 import pytest
+import structlog
 import zmq
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
 
+from magnitude import launcher
+from services.gateway import errors
+from services.gateway.keys import create_key
+from services.inference import session_store
+from services.inference.chat_template import ChatTemplate, TemplateError
+from services.inference.session_store import SessionStore
+from services.tools import builtins
 from services.tools.jail import Jail
 from services.watchdog.supervisor import Supervisor
-from shared import security, shm
+from shared import process, security, shm
 from shared.client import Client, CurveKeys, ServiceError
 from shared.config import EngineConfig, TunableSettings, parse_config
+from shared.health import probe
 from shared.logs import configure_logging
-from shared.protocol import MESSAGES, encode_request
-from tests.conftest import ServiceProcess, make_config, require_model, wait_for, write_config
+from shared.protocol import MESSAGES, ErrorCode, ProtocolError, Request, decode_reply, decode_request, encode_request
+from shared.service import Job, Service
+from tests.conftest import (REPO, REPORT, ServiceProcess, make_config, require_model, running_inference, wait_for,
+                            write_config)
 from tests.test_curve import free_port
 
 AS_ROOT = os.geteuid() == 0
@@ -435,6 +465,358 @@ def test_tool_isolation_bubblewrap_refuses_to_start_without_it(tmp_path, monkeyp
     fallback = Jail(parse_config({"runtime": {"data_dir": str(tmp_path)}}))
     assert fallback.describe() == {"isolation": "rlimits", "tool_uid": None,
                                    "why": "bwrap is not installed (Debian package bubblewrap)"}
+
+
+# --- issue 23: hardening, second round ---------------------------------------------------------
+def _dead_pid() -> int:
+    """A pid that was just used and has exited (reaped)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
+def test_planted_shm_files_cannot_stop_a_service_from_starting(tmp_path):
+    """Finding 3: any account may create files in /dev/shm; on main each of these made every service exit 1."""
+    dead = _dead_pid()
+    planted = {"overflow": "mag_99999999999_0", "negative": "mag_-1_0123456789abcdef",
+               "another uid's orphan": f"mag_{dead}_{uuid.uuid4().hex[:16]}"}
+    orphan = f"mag_{dead}_{uuid.uuid4().hex[:16]}"  # ours, of a dead process: the sweep's real job
+    for name in (*planted.values(), orphan):
+        (Path("/dev/shm") / name).write_bytes(b"x")
+    if AS_ROOT:
+        os.chown(Path("/dev/shm") / planted["another uid's orphan"], 65534, 65534)
+    try:
+        config = make_config(tmp_path)
+        svc = ServiceProcess("tools", write_config(tmp_path, config), config).start()
+        svc.stop()
+        assert svc.proc.returncode == 0
+        left = set(shm.list_segments())
+        assert set(planted.values()) <= left, "files not in our format, or not ours, are not the sweep's to remove"
+        assert orphan not in left
+    finally:
+        for name in planted.values():
+            shm.unlink(name)
+
+
+def test_down_stops_a_stack_process_that_no_pid_file_names(tmp_path):
+    """Finding 3: a failed `up` left an inference process without a pid file (its starter, the watchdog, died
+    between starting it and writing the file), and `down` said "not running"."""
+    config = make_config(tmp_path)
+    path = write_config(tmp_path, config)
+    proc = process.spawn(config, "tools", str(path))
+    try:
+        wait_for(lambda: probe(config, "tools", timeout_s=1).healthy, 60, "tools up")
+        process.pid_file(config, "tools").unlink()
+        outcome = launcher.down(config)
+        assert proc.poll() is not None, outcome
+        assert any("services.tools" in what and how.startswith("stopped") for what, how in outcome.items()), outcome
+        assert process.stack_processes(config) == {}
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+def test_an_oversized_shm_segment_is_refused_before_it_is_read():
+    """Finding 5: the taker's cap is checked from the header and the segment's size, a typed error."""
+    handle = shm.put_bytes(b"a" * (2 << 20))
+    with pytest.raises(ProtocolError) as info:
+        shm.take_bytes(handle, max_bytes=1 << 20)
+    assert info.value.code == ErrorCode.TOO_LARGE and "at most 1048576" in info.value.message
+    assert handle["name"] not in shm.list_segments()  # a valid handle given up: the segment goes
+    small = shm.put_bytes(b"b" * 1000)
+    assert shm.take_bytes(small, max_bytes=1000) == b"b" * 1000
+
+
+@pytest.mark.model
+def test_an_oversized_prompt_shm_fails_only_its_request(inference_service):
+    """Finding 5: on main a prompt_shm of any size was read and tokenized before the context check."""
+    handle = shm.put_bytes(b"word " * ((16 << 20) // 5), session="big")
+    with Client(inference_service.endpoint, timeout_s=60) as client:
+        started = time.monotonic()
+        with pytest.raises(ServiceError) as info:
+            client.request("generate", {"prompt_shm": handle, "max_tokens": 1}, session="big")
+        assert info.value.code == "too_large", info.value
+        assert time.monotonic() - started < 5
+        assert handle["name"] not in shm.list_segments()
+        assert client.generate("The robot", max_tokens=2).stats["completion_tokens"] >= 1
+        assert client.health()["ok"]
+
+
+def _gateway(home: Path, keys_file: Path | None = None, **gateway) -> tuple[ServiceProcess, str]:
+    """A gateway on loopback (and an optimizer behind it), as `magnitude up` starts it; its URL."""
+    config = make_config(home)
+    config = parse_config({**config.model_dump(mode="json"), "gateway": {
+        "port": 0, **({"api_keys_file": str(keys_file)} if keys_file else {}), **gateway}})
+    svc = ServiceProcess("gateway", write_config(home, config), config).start()
+    with Client(svc.endpoint, timeout_s=5) as c:
+        return svc, c.health()["url"]
+
+
+def test_keyless_feedback_is_bounded_in_rate_size_and_rows(tmp_path):
+    """Finding 4a: without keys the gateway relayed any amount of feedback, the mesh's privileged message."""
+    config = make_config(tmp_path)
+    optimizer = ServiceProcess("optimizer", write_config(tmp_path, config), config).start()
+    gateway = None
+    try:
+        gateway, url = _gateway(tmp_path)  # gateway.feedback_per_minute: 30 by default
+        answers = [httpx.post(f"{url}/v1/feedback", json={"session_id": f"run-{i}", "success": True}).status_code
+                   for i in range(32)]
+        assert answers == [200] * 30 + [429] * 2, answers
+        big = httpx.post(f"{url}/v1/feedback", json={"session_id": "run", "success": False,
+                                                     "details": {"log": "x" * 20000}})
+        assert big.status_code == 400 and "details" in big.json()["error"]["message"]
+    finally:
+        if gateway is not None:
+            gateway.stop()
+        optimizer.stop()
+    config = parse_config({**config.model_dump(mode="json"), "optimizer": {"max_feedback_rows": 100}})
+    optimizer = ServiceProcess("optimizer", write_config(tmp_path, config), config).start()
+    try:
+        with Client(optimizer.endpoint, timeout_s=10) as client:  # rows are bounded whoever sends them
+            for i in range(120):
+                client.request("feedback", {"session_id": f"run-{i}", "success": i % 2 == 0})
+            assert client.request("feedback.stats")["total"] == 100
+    finally:
+        optimizer.stop()
+
+
+def test_revoking_the_last_api_key_does_not_turn_authentication_off(tmp_path):
+    """Finding 4b: on main, revoking the only key made the gateway answer 200 without a key."""
+    keys_file = tmp_path / "api_keys"
+    key = create_key(keys_file, "robot")
+    gateway, url = _gateway(tmp_path, keys_file)
+    try:
+        assert httpx.get(f"{url}/metrics").status_code == 401
+        assert httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"}).status_code == 200
+        config = write_config(tmp_path, gateway.config)
+        subprocess.run([sys.executable, "scripts/keys", "--config", str(config), "revoke-api-key", "robot"],
+                       cwd=REPO, check=True, capture_output=True)
+        for headers in ({}, {"Authorization": f"Bearer {key}"}):
+            answer = httpx.get(f"{url}/metrics", headers=headers)
+            assert answer.status_code == 401, answer.text
+        assert "revoked" in answer.json()["error"]["message"]
+    finally:
+        gateway.stop()
+
+
+def test_a_request_naming_another_host_is_refused(tmp_path):
+    """Finding 4c: a web page that re-points its name at 127.0.0.1 (DNS rebinding) reached the gateway."""
+    gateway, url = _gateway(tmp_path, allowed_hosts=["robot.local"])
+    port = urlsplit(url).port
+    try:
+        for host in (f"evil.example:{port}", "evil.example", f"0.0.0.0:{port}", "", "[::1"):
+            answer = httpx.get(f"{url}/metrics", headers={"Host": host})
+            assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_host", (host, answer)
+        for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "robot.local"):
+            assert httpx.get(f"{url}/metrics", headers={"Host": host}).status_code == 200, host
+    finally:
+        gateway.stop()
+
+
+def test_every_route_counts_against_the_concurrency_limit(tmp_path):
+    """Finding 4d: /health (and /metrics, /openapi.json) bypassed gateway.max_concurrent."""
+    gateway, url = _gateway(tmp_path, max_concurrent=1)
+    port = urlsplit(url).port
+    try:
+        with socket.create_connection(("127.0.0.1", port)) as slow:  # a request in flight: its body comes slowly
+            slow.sendall(b"POST /v1/feedback HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{")
+            wait_for(lambda: httpx.get(f"{url}/health").status_code == 429, 5, "/health counted")
+            for path in ("/metrics", "/openapi.json", "/v1/models"):
+                assert httpx.get(f"{url}{path}").status_code == 429, path
+        wait_for(lambda: httpx.get(f"{url}/metrics").status_code == 200, 5, "the slot back")
+    finally:
+        gateway.stop()
+
+
+@pytest.mark.model
+def test_sigterm_lets_a_gateway_stream_finish(tmp_path):
+    """Finding 6: on main the gateway's streams were cut about 5 s after SIGTERM (no in-flight accounting)."""
+    with running_inference(tmp_path) as _:
+        gateway, url = _gateway(tmp_path)
+        try:
+            body = {"model": "default", "prompt": "Once upon a time", "max_tokens": 600, "temperature": 0,
+                    "stream": True}
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as stream:
+                lines = stream.iter_lines()
+                assert next(line for line in lines if line.startswith("data:"))
+                gateway.proc.send_signal(signal.SIGTERM)
+                signalled = time.monotonic()
+                events = [line.removeprefix("data: ") for line in lines if line.startswith("data:")]
+            assert events[-1] == "[DONE]", events[-3:]
+            finish = json.loads(events[-2])["choices"][0]["finish_reason"]
+            assert finish in ("length", "stop")
+            drained = time.monotonic() - signalled
+            assert gateway.proc.wait(30) == 0
+            REPORT.append(f"gateway drain: a stream ran {drained:.1f} s after SIGTERM and ended with [DONE]")
+            assert drained > 5 or finish == "stop"
+        finally:
+            gateway.stop()
+
+
+def test_compose_grace_covers_the_drain():
+    """Finding 6: compose's stop_grace_period (30 s) was shorter than the services' 60 s drain, so inference
+    could be killed before its sessions were saved."""
+    import yaml
+    need = parse_config({}).runtime.stop_timeout_s()
+    for name, svc in yaml.safe_load((REPO / "compose.yaml").read_text())["services"].items():
+        if svc["command"][:2] == ["python", "-m"]:
+            grace = svc["stop_grace_period"]
+            assert grace.endswith("s") and float(grace[:-1]) >= need, (name, grace, need)
+
+
+def test_file_reader_hides_what_the_sandbox_hides(tmp_path):
+    """Finding 7: file_reader (built in, unsandboxed) read the CURVE secrets and databases under a broad root."""
+    data = tmp_path / "data"
+    security.create_keys(data / "keys", ["robot"])
+    (data / "memory.db").write_text("SECRET ROW")
+    (data / "docs").mkdir()
+    (data / "docs" / "manual.txt").write_text("declared inside the data directory: readable")
+    (tmp_path / "notes.txt").write_text("an ordinary file")
+    wide = make_config(tmp_path)
+    wide.agent.file_roots = [tmp_path]
+    for private in (data / "keys" / "server.key_secret", data / "memory.db", data / "docs" / "manual.txt"):
+        with pytest.raises(ProtocolError) as info:
+            builtins.run_builtin("file_reader", {"path": str(private)}, wide)
+        assert info.value.code == ErrorCode.TOOL_FAILED and "private" in info.value.message, private
+    assert builtins.run_builtin("file_reader", {"path": "notes.txt"}, wide) == "an ordinary file"
+    narrow = make_config(tmp_path)
+    narrow.agent.file_roots = [data / "docs"]  # a root declared inside the data directory shows itself
+    assert builtins.run_builtin("file_reader", {"path": "manual.txt"}, narrow).startswith("declared inside")
+
+
+def test_a_session_file_with_a_field_of_the_wrong_type_is_rejected(tmp_path):
+    """Finding 7: a header field that was not an integer raised TypeError, and the session failed on every
+    request."""
+    fingerprint = {"model": {"path": "/m.gguf"}, "n_ctx": 2048}
+    store = SessionStore(tmp_path, fingerprint, 1 << 20)
+    for field, value in (("n_tokens", "2"), ("state_bytes", 2.5), ("crc32", None), ("n_tokens", -1)):
+        store.save("s", [1, 2], b"state")
+        path = store.path("s")
+        data = path.read_bytes()
+        start = len(session_store.MAGIC) + 4
+        (n,) = struct.unpack_from("<I", data, len(session_store.MAGIC))
+        header = json.loads(data[start:start + n])
+        forged = json.dumps({**header, field: value}).encode()
+        path.write_bytes(session_store.MAGIC + struct.pack("<I", len(forged)) + forged + data[start + n:])
+        assert store.load("s") is None and not path.exists(), (field, value)
+
+
+def test_a_dead_writers_session_tmp_file_is_evicted(tmp_path):
+    """Finding 7: the .tmp file of a write that died was never deleted (nor counted in the budget)."""
+    stale = tmp_path / f"{'0' * 40}.tmp{_dead_pid()}"
+    stale.write_bytes(b"x" * 4096)
+    live = tmp_path / f"{'1' * 40}.tmp{os.getpid()}"  # a writer that is still writing
+    live.write_bytes(b"y")
+    store = SessionStore(tmp_path, {"model": None}, 1 << 20)
+    assert not stale.exists() and live.exists()
+    stale.write_bytes(b"x" * 4096)  # and at each eviction, not only when the store opens
+    assert store.save("s", [1], b"state")
+    assert not stale.exists() and live.exists()
+
+
+def test_an_abstract_ipc_endpoint_is_not_authenticated(tmp_path):
+    """Finding 7: ipc://@name (a Linux abstract socket, which any local account can reach) passed the endpoint
+    check and counted as authenticated, so it would serve tool.call to anyone."""
+    abstract = f"ipc://@magnitude-test-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(ValueError, match="abstract"):
+        parse_config({"runtime": {"endpoints": {"tools": abstract}}})
+    assert not security.peers_authenticated(abstract, curve=False)
+    path = write_config(tmp_path, make_config(tmp_path))
+    # --endpoint, which no config validation sees, can still ask for one
+    proc = subprocess.Popen([sys.executable, "-m", "services.tools", "--config", str(path), "--endpoint", abstract],
+                            env=dict(os.environ, PYTHONPATH=str(REPO)),
+                            stderr=subprocess.DEVNULL)
+    try:
+        with Client(abstract, timeout_s=10) as client:
+            wait_for(lambda: client.health()["ok"], 30, "tools on the abstract socket")
+            with pytest.raises(ServiceError) as info:
+                client.request("tool.call", {"tool": "calculator", "args": {"expression": "1+1"}})
+            assert info.value.code == "unauthorized"
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def test_an_internal_error_reply_carries_no_exception_text(tmp_path):
+    """Finding 7: 500s (the gateway's) and internal errors (every service's) carried the exception's text,
+    file paths included."""
+    secret_path = str(tmp_path / "data" / "keys" / "server.key_secret")
+
+    def bug():
+        raise PermissionError(13, "Permission denied", secret_path)
+
+    app = FastAPI()
+    errors.install(app, 1, structlog.get_logger())
+    app.get("/bug")(bug)
+    answer = TestClient(app, raise_server_exceptions=False).get("/bug")
+    message = answer.json()["error"]["message"]
+    assert answer.status_code == 500 and secret_path not in message and "PermissionError" in message, message
+
+    sent = []
+
+    class Out:
+        def send_multipart(self, frames):
+            sent.append(frames[-1])
+
+    service = Service(make_config(tmp_path), endpoint=f"ipc://{tmp_path}/unused.sock")
+    try:
+        bug()
+    except PermissionError as exc:
+        service.fail(Job([b"peer"], Request("r1", "tool.list", None, {}), time.monotonic()), Out(), exc)
+    reply = decode_reply(sent[0])
+    assert reply.error_code == "internal" and secret_path not in reply.error_message, reply
+    assert "ref" in reply.error_message
+
+
+def test_no_pickle_and_no_objects_come_off_the_wire():
+    """Finding 8: the SGLang ZeroMQ CVEs of 2026 were pickle. No module of ours pickles, and a frame holds plain
+    msgpack values only: extension types (how objects would travel) are a bad_frame."""
+    forbidden_modules = {"pickle", "cPickle", "_pickle", "dill", "cloudpickle", "joblib", "marshal", "shelve"}
+    forbidden_calls = {"recv_pyobj", "send_pyobj", "recv_serialized", "send_serialized", "loads_pyobj"}
+    for path in sorted(REPO.glob("*/**/*.py")):
+        if path.parts[len(REPO.parts)] not in ("shared", "services", "magnitude", "scripts"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) else [])
+                assert not {n.split(".")[0] for n in names if n} & forbidden_modules, (path, names)
+            if isinstance(node, ast.Attribute):
+                assert node.attr not in forbidden_calls, (path, node.attr)
+            if isinstance(node, ast.keyword) and node.arg == "allow_pickle":
+                assert isinstance(node.value, ast.Constant) and node.value.value is False, path
+    for value in (msgpack.ExtType(42, pickle.dumps(print)), msgpack.ExtType(1, b"")):
+        frame = msgpack.packb({"v": 1, "id": "x", "type": "health", "body": {"payload": value}})
+        with pytest.raises(ProtocolError) as info:
+            decode_request(frame, max_frame_bytes=1 << 20, handled={"health"})
+        assert info.value.code == ErrorCode.BAD_FRAME
+    stamp = msgpack.packb({"v": 1, "id": "x", "type": "health", "body": {"at": msgpack.Timestamp(1, 5)}})
+    assert decode_request(stamp, max_frame_bytes=1 << 20, handled={"health"}).body["at"] == 1_000_000_005
+
+
+@pytest.mark.parametrize("template, refused", [
+    # CVE-2024-34359 (llama-cpp-python): a GGUF's chat template reaching os through the subclasses of object.
+    pytest.param("{% for x in ().__class__.__base__.__subclasses__() %}{% if 'warning' in x.__name__ %}"
+                 "{{ x()._module.__builtins__['__import__']('os').system('touch PWNED') }}{% endif %}{% endfor %}",
+                 "unsafe", id="cve-2024-34359"),
+    pytest.param("{{ cycler.__init__.__globals__.os.system('touch PWNED') }}", "unsafe", id="globals"),
+    # Sized so that main, which computed them (the constant ones while compiling), fails fast: a template can
+    # ask for 9 ** 99999999, 'a' * 10**10 or range(100000) inside range(100000) as easily.
+    pytest.param("{{ (9 ** 1000000) | string | length }}", "4096 bits", id="power"),
+    pytest.param("{{ ('a' * 200000000) | length }}", "sequence over", id="repeat"),
+    pytest.param("{% for i in range(100000) %}{% for j in range(20) %}{% endfor %}{% endfor %}", "ranges go over",
+                 id="nested-ranges"),
+])
+def test_a_hostile_chat_template_renders_nothing_dangerous(template, refused, tmp_path, monkeypatch):
+    """Finding 8: a GGUF's tokenizer.chat_template is code from whoever made the file."""
+    monkeypatch.chdir(tmp_path)
+    started = time.monotonic()
+    with pytest.raises(TemplateError, match=refused):
+        ChatTemplate(template).render_text([{"role": "user", "content": "hi"}])
+    assert time.monotonic() - started < 2 and not (tmp_path / "PWNED").exists()
+    assert ChatTemplate("{{ 2 ** 10 }} {{ 'ab' * 3 }} {{ 123456 * 654321 }}").render_text([]) == \
+        "1024 ababab 80779853376"
 
 
 # --- issue 23, finding 1: one tenant's prompt stays its own -------------------------------------------

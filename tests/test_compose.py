@@ -1,6 +1,7 @@
 """compose.yaml must name only things that exist: service packages, scripts, volumes, config."""
 
 import os
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -117,3 +118,18 @@ def test_docker_compose_validates_the_mcp_example_on_top_of_the_stack():
                           str(REPO / "examples" / "mcp" / "compose.yaml"), "config", "-q"],
                          capture_output=True, text=True, cwd=REPO, env={**os.environ, "HOME_ROBOT_KEY": "k"})
     assert out.returncode == 0, out.stderr
+
+
+def test_the_tools_container_sandboxes_and_sees_only_the_run_volume():
+    """Issue 23, finding 2: a seccomp profile of the repo lets bwrap create namespaces, in that container only
+    (no privileged, no unconfined profile); the config refuses to run tools bare; no data or models volume."""
+    tools = COMPOSE["services"]["tools"]
+    assert tools["volumes"] == ["run:/run/magnitude"]
+    assert tools["security_opt"] == ["seccomp=docker/seccomp-tools.json"] and not tools.get("privileged")
+    profile = json.loads((REPO / "docker" / "seccomp-tools.json").read_text())
+    refused = {name for rule in profile["syscalls"] if rule["action"] == "SCMP_ACT_ERRNO" for name in rule["names"]}
+    assert not refused & {"unshare", "clone", "mount", "umount2", "pivot_root"}  # what bwrap needs
+    assert {"bpf", "keyctl", "open_by_handle_at", "ptrace", "userfaultfd", "kexec_load"} <= refused
+    for name, svc in COMPOSE["services"].items():
+        assert name == "tools" or "security_opt" not in svc, name
+    assert yaml.safe_load((REPO / "docker" / "magnitude.yaml").read_text())["agent"]["tool_isolation"] == "bubblewrap"

@@ -3,8 +3,9 @@
 The image builds offline (`--network none`) from the wheelhouse (scripts/wheelhouse) on a base that
 scripts/base_image makes where no registry answers; compose brings every service up healthy by
 Docker's own healthchecks; the host generates through the run volume's socket; an agent task runs
-inside the stack; a memory survives `down` + `up` (the data volume); a SIGSTOPped inference process is
-restarted by the watchdog through the Docker API; `down` leaves nothing running. Timings and the image
+inside the stack; a memory survives `down` + `up` (the data volume); tools run under bubblewrap and a
+configured python tool reads none of the data volume; a SIGSTOPped inference process is restarted by the
+watchdog through the Docker API; `down` leaves nothing running. Timings and the image
 size are printed in the test summary.
 
 Needs a Docker engine, compose (`docker compose` or Debian's `docker-compose`) and root (debootstrap
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.client import Client, ServiceError
@@ -211,6 +213,46 @@ def test_chat_from_the_host_through_the_gateways_published_port(stack):
 def test_agent_task_inside_the_stack(stack):
     out = compose("exec", "-T", "inference", "magnitude", "run", "What is 23 * 47?", timeout=300)
     assert "calculator(" in out.stdout and "answer:" in out.stdout and "1081" in out.stdout, out.stdout
+
+
+def _answers_health(client: Client) -> bool:
+    try:
+        return client.health()["ok"]
+    except ServiceError:
+        return False
+
+
+def test_tools_are_sandboxed_and_a_python_tool_reads_nothing_of_the_data_volume(stack):
+    """Issue 23, finding 2: under compose bwrap could not create namespaces (Docker's default seccomp profile),
+    so tools ran bare as the service user, with the data, models and run volumes visible."""
+    with host_client("tools") as client:
+        isolation = client.health()["tool_isolation"]
+    assert isolation["isolation"] == "bubblewrap", isolation
+    keys = "/var/lib/magnitude/data/keys/api_keys"
+    assert "e2e " in compose("exec", "-T", "gateway", "cat", keys).stdout  # the stack's key file is there to take
+    # A second tools service in the tools container's configuration, with one python tool configured: the
+    # shipped config plus that tool.
+    probe_dir = REPO / "tests" / "data" / "compose-e2e"
+    probe = yaml.safe_load((probe_dir / "magnitude.yaml").read_text())
+    probe["agent"].pop("tools")
+    assert probe == yaml.safe_load((REPO / "docker" / "magnitude.yaml").read_text())
+    name = f"{PROJECT}-tools-probe"
+    compose("run", "-d", "--no-deps", "--name", name, "-e", "MAGNITUDE_CONFIG=/e2e/magnitude.yaml",
+            "-v", f"{probe_dir}:/e2e:ro", "tools", "python", "-m", "services.tools",
+            "--endpoint", "ipc:///run/magnitude/tools-probe.sock", timeout=120)
+    try:
+        with Client(f"ipc://{run_dir()}/tools-probe.sock", timeout_s=30) as client:
+            wait_for(lambda: _answers_health(client), 60, "the probe tools service healthy")
+            assert client.health()["tool_isolation"]["isolation"] == "bubblewrap"
+
+            def read(path: str) -> str:
+                return client.request("tool.call", {"tool": "read", "args": {"path": path}})["output"]
+            assert read("/etc/os-release").startswith("read: ")  # the tool runs, and reads what tools may
+            for path in (keys, "/var/lib/magnitude/data", "/var/lib/magnitude/models", "/run/magnitude",
+                         "/proc/1/environ"):
+                assert read(path).startswith("unreadable"), (path, read(path))
+    finally:
+        run("docker", "rm", "-f", name, check=False)
 
 
 def test_memory_survives_down_and_up(stack):

@@ -6,10 +6,16 @@ header binds the request to a session (its KV stays warm between steps). A
 caller's session ids are scoped by its key name, so two callers never share a
 session: ``usage`` reports how many prompt tokens were already cached, and a
 shared session would let one caller probe another's prompts that way.
+
+Without keys (loopback only) every local account is a caller, so what changes
+the box through the gateway is bounded instead: feedback, the optimizer's
+privileged message, is rate-limited (``RateLimit``; bodies are bounded by the
+schema).
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -25,6 +31,24 @@ from shared.metrics import ServiceMetrics
 SESSION_PATTERN = r"^[\x21-\x7e]{1,96}$"
 
 
+class RateLimit:
+    """A token bucket: ``per_minute`` a minute, in bursts of at most that many. (Ten lines; a rate-limit
+    library would be one more runtime package for every offline wheelhouse.)"""
+
+    def __init__(self, per_minute: int, clock=time.monotonic):
+        self.capacity, self.clock = float(per_minute), clock
+        self.tokens, self.last = self.capacity, clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.tokens = min(self.capacity, self.tokens + (now - self.last) * self.capacity / 60)
+        self.last = now
+        if self.tokens < 1:
+            return False
+        self.tokens -= 1
+        return True
+
+
 @dataclass
 class Gateway:
     """What the routes share (``app.state.gateway``)."""
@@ -35,6 +59,7 @@ class Gateway:
     loopback: bool  # bound to a loopback address: no key needed until keys are configured
     metrics: ServiceMetrics
     log: Any
+    keyless_feedback: RateLimit  # feedback's bound while no key is needed
 
     def auth_required(self) -> bool:
         return self.keys.present() or not self.loopback
@@ -61,7 +86,9 @@ async def caller(request: Request, gw: Annotated[Gateway, Depends(gateway)]) -> 
                             "(keys are made with scripts/keys api-key NAME)")
     owner = gw.keys.who(key.strip())
     if owner is None:
-        raise _unauthorized("the API key is not valid")
+        raise _unauthorized("the API key is not valid" if gw.keys.names() else
+                            "every API key of this gateway was revoked, so it admits no one: make one with "
+                            "scripts/keys api-key NAME")
     return owner
 
 

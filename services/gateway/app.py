@@ -1,4 +1,4 @@
-"""The ASGI application: FastAPI routes, error handlers, the OpenAPI document, and the two middlewares.
+"""The ASGI application: FastAPI routes, error handlers, the OpenAPI document, and the middlewares.
 
 FastAPI because the OpenAI API is a set of JSON documents with many optional
 fields: pydantic models validate them (a bad request is a 400 before it costs
@@ -23,18 +23,23 @@ from starlette.types import ASGIApp
 
 from services.gateway import completions, errors, resources
 from services.gateway.access import Gateway
-from services.gateway.middleware import BodyLimit, Observe
+from services.gateway.middleware import Admission, BodyLimit, HostCheck, Observe
 from shared.protocol import PROTOCOL_VERSION
 
 #: The mesh message each API route becomes, for the per-type request metrics every service keeps.
 _ROUTE_TYPES = {"/v1/chat/completions": "chat", "/v1/completions": "generate", "/v1/embeddings": "embed",
                 "/v1/feedback": "feedback", "/v1/models": "model.list", "/v1/models/{model}": "model.list"}
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
+#: Host names of this box that a web page elsewhere cannot make its own (with gateway.host and allowed_hosts).
+_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+#: Bind-all addresses are no name of the gateway (browsers reach 0.0.0.0 as this box).
+_ANY_ADDRESS = ("0.0.0.0", "::")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
-def create_app(gw: Gateway, beat: Callable[[], None]) -> ASGIApp:
-    """The gateway's ASGI app; ``beat`` is called about once a second while the event loop runs."""
+def create_app(gw: Gateway, beat: Callable[[], None], on_in_flight: Callable[[int], None]) -> ASGIApp:
+    """The gateway's ASGI app; ``beat`` is called about once a second while the event loop runs, ``on_in_flight``
+    with the number of requests in flight whenever it changes."""
     cfg = gw.config.gateway
 
     @asynccontextmanager
@@ -54,9 +59,12 @@ def create_app(gw: Gateway, beat: Callable[[], None]) -> ASGIApp:
     app.include_router(completions.router)
     app.include_router(resources.router)
     _document(app, gw)
-    record = _recorder(gw)
-    return Observe(BodyLimit(app, cfg.max_body_bytes, lambda err: errors.error_response(err, cfg.retry_after_s)),
-                   record)
+    def respond(err: errors.ApiError) -> ASGIApp:
+        return errors.error_response(err, cfg.retry_after_s)
+
+    hosts = {*_LOOPBACK_NAMES, cfg.host, *cfg.allowed_hosts} - set(_ANY_ADDRESS)
+    return Observe(HostCheck(Admission(BodyLimit(app, cfg.max_body_bytes, respond), cfg.max_concurrent, respond,
+                                       on_in_flight), hosts, respond), _recorder(gw))
 
 
 async def _heartbeat(beat: Callable[[], None], every_s: float) -> None:

@@ -18,7 +18,7 @@ from starlette.requests import Request
 
 from services.gateway.schemas import ErrorResponse
 from shared.client import ServiceError
-from shared.protocol import ErrorCode
+from shared.protocol import ErrorCode, internal_error
 
 
 @dataclass(frozen=True)
@@ -145,8 +145,10 @@ def install(app, retry_after_s: int, log) -> None:
         return answer(request, from_http_exception(exc))
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.error("gateway_handler_failed", path=request.url.path, exc_info=(type(exc), exc, exc.__traceback__))
-        return answer(request, ApiError(500, _INTERNAL.type, ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}"))
+        ref, message = internal_error("gateway", exc)
+        log.error("gateway_handler_failed", path=request.url.path, ref=ref,
+                  exc_info=(type(exc), exc, exc.__traceback__))
+        return answer(request, ApiError(500, _INTERNAL.type, ErrorCode.INTERNAL, message))
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation)

@@ -7,6 +7,11 @@ is hashed and compared with every stored digest by ``hmac.compare_digest``
 of a key was right. The file is read again when it changes, so a key added or
 revoked takes effect without a restart; a file that turns unreadable while the
 gateway runs locks everyone out (fail closed) until it is fixed.
+
+Once keys exist they stay required: revoking the last key leaves an empty file,
+which admits no one (before, it turned authentication off), and a file that
+disappears while the gateway runs keeps it locked until a restart. Turning keys
+off is deliberate: delete the file and restart (loopback only).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class ApiKeys:
         self._stamp: tuple[int, int] | None = None
         self._entries: list[_Entry] = []
         self.broken: str | None = None  # why the file could not be read since it last changed
+        self._existed = False  # the file was there at some point in this process's life
         self._current(strict=True)
 
     def _current(self, strict: bool = False) -> list[_Entry]:
@@ -58,6 +64,7 @@ class ApiKeys:
             stamp = None
         if stamp != self._stamp:
             self._stamp = stamp
+            self._existed = self._existed or stamp is not None
             try:
                 self._entries, self.broken = (_parse(self.path) if stamp else []), None
             except (OSError, ValueError) as err:
@@ -67,8 +74,10 @@ class ApiKeys:
         return self._entries
 
     def present(self) -> bool:
-        """Keys are configured (or the file is broken): every request must then carry a valid one."""
-        return bool(self._current()) or self.broken is not None
+        """Keys are configured, or were (an emptied or vanished file), or the file is broken: every request
+        must then carry a valid one."""
+        self._current()
+        return self._existed
 
     def names(self) -> list[str]:
         return [e.name for e in self._current()]

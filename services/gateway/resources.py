@@ -50,7 +50,7 @@ def _model_not_found(name: str, known: list[str]) -> ApiError:
 async def _embedding_model(gw) -> dict | None:
     """The embedding service's model name and dimension, or None when it is not running."""
     try:
-        health = await gw.upstreams.request("embedding", "health", deadline=_probe_deadline(), admit=False)
+        health = await gw.upstreams.request("embedding", "health", deadline=_probe_deadline())
     except ApiError:
         return None
     return {"name": health.get("model"), "dim": health.get("dim")}
@@ -123,8 +123,13 @@ async def get_model(model: str, gw: Context, _: Caller):
 
 
 @router.post("/v1/feedback", response_model=FeedbackReceipt, responses=documented(400, 401, 413, 429, 503, 504),
-             summary="Report how an agent run went (the optimizer's feedback)")
+             summary="Report how an agent run went (the optimizer's feedback; without API keys, "
+                     "gateway.feedback_per_minute at most)")
 async def feedback(req: FeedbackRequest, gw: Context, owner: Caller):
+    if not gw.auth_required() and not gw.keyless_feedback.take():
+        raise ApiError(429, "rate_limit_error", ErrorCode.BUSY, "feedback without API keys is limited to "
+                       f"{gw.config.gateway.feedback_per_minute} a minute (gateway.feedback_per_minute); "
+                       "make keys with scripts/keys api-key NAME for more")
     body = {"session_id": scoped(owner, req.session_id), "success": req.success,
             "error_reason": req.error_reason, "details": req.details}
     reply = await gw.upstreams.request("optimizer", "feedback", {k: v for k, v in body.items() if v is not None})
@@ -137,7 +142,7 @@ async def feedback(req: FeedbackRequest, gw: Context, owner: Caller):
 async def health(gw: Context):
     async def up(name: str) -> bool:
         try:
-            return bool((await gw.upstreams.request(name, "health", deadline=_probe_deadline(), admit=False))
+            return bool((await gw.upstreams.request(name, "health", deadline=_probe_deadline()))
                         .get("ok"))
         except ApiError:
             return False

@@ -16,6 +16,7 @@ names: ``cache_n`` is the prompt tokens reused from the session's KV); the
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
@@ -200,11 +201,22 @@ class EmbeddingRequest(_Request):
         return [self.input] if isinstance(self.input, str) else self.input
 
 
+#: Feedback is kept as rows on the box: each row's details stay this small.
+MAX_FEEDBACK_DETAILS_BYTES = 16 << 10
+
+
+def _small_details(details: dict[str, Any] | None) -> dict[str, Any] | None:
+    if details is not None and len(json.dumps(details, default=str)) > MAX_FEEDBACK_DETAILS_BYTES:
+        raise ValueError(f"over {MAX_FEEDBACK_DETAILS_BYTES} bytes as JSON")
+    return details
+
+
 class FeedbackRequest(_Request):
     session_id: str = Field(pattern=r"^[\x21-\x7e]{1,96}$", description="the X-Session-Id of the run")
     success: bool
     error_reason: str | None = Field(None, max_length=4096)
-    details: JsonObject | None = None
+    details: Annotated[JsonObject | None, AfterValidator(_small_details)] = Field(
+        None, description=f"at most {MAX_FEEDBACK_DETAILS_BYTES} bytes as JSON")
 
 
 # --- replies ----------------------------------------------------------------------------------

@@ -13,7 +13,9 @@ is restarted as dead, like any service.
 The HTTP socket is bound before the service loop starts, so a taken port stops
 the process at once with a clear message, and a bind beyond loopback without
 API keys is refused (the gateway would otherwise serve anyone who can reach it).
-SIGTERM stops intake and lets running requests, streams included, finish.
+SIGTERM stops intake and lets running requests, streams included, finish: every
+HTTP request counts as running until the last byte of its response, and the
+service loop drains until none runs (``runtime.drain_timeout_s`` at most).
 """
 
 from __future__ import annotations
@@ -24,15 +26,13 @@ from typing import Any
 import uvicorn
 import zmq
 
-from services.gateway.access import Gateway
+from services.gateway.access import Gateway, RateLimit
 from services.gateway.app import create_app
 from services.gateway.keys import ApiKeys, keys_path
 from services.gateway.upstream import Upstreams
 from shared.config import Config
 from shared.security import SecurityError, is_loopback
 from shared.service import Service
-
-_GRACEFUL_SHUTDOWN_S = 30
 
 
 def _url_host(host: str) -> str:
@@ -70,18 +70,22 @@ class GatewayService(Service):
                                 "make one with scripts/keys api-key NAME (or bind 127.0.0.1)")
         self.http_socket = bind(cfg.host, cfg.port)
         self.url = f"http://{_url_host(cfg.host)}:{self.http_socket.getsockname()[1]}"
-        self.gateway = Gateway(config, Upstreams(config, on_in_flight=self.set_running), keys, loopback,
-                               self.metrics, self.log)
+        self.gateway = Gateway(config, Upstreams(config), keys, loopback, self.metrics, self.log,
+                               RateLimit(cfg.feedback_per_minute))
         self.server = uvicorn.Server(uvicorn.Config(
-            create_app(self.gateway, self.beat), log_config=None, access_log=False, server_header=False,
-            timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, lifespan="on"))
+            create_app(self.gateway, self.beat, self.set_running), log_config=None, access_log=False,
+            server_header=False, timeout_graceful_shutdown=config.runtime.drain_timeout_s, lifespan="on"))
 
     def health_details(self) -> dict[str, Any]:
         return {"url": self.url, "auth": "api_keys" if self.gateway.auth_required() else "none (loopback)",
-                "in_flight": self.gateway.upstreams.in_flight, "api_keys_error": self.gateway.keys.broken}
+                "api_keys_error": self.gateway.keys.broken}
 
     def worker_stall_s(self) -> float:
         return self.config.gateway.loop_stall_s
+
+    def draining(self) -> bool:
+        """HTTP requests are not the loop's jobs: the drain waits for them by their count."""
+        return super().draining() or self.running() > 0
 
     def work_loop(self, out: zmq.Socket) -> None:
         """The HTTP server (its own asyncio loop, in this worker thread) until stop()."""

@@ -1,18 +1,18 @@
-"""The services behind the gateway: pooled asyncio clients, an admission limit and a deadline per request.
+"""The services behind the gateway: pooled asyncio clients and a deadline per request.
 
 A ZeroMQ DEALER of ``AsyncClient`` carries one request at a time (a reply whose
 id is not the awaited one is dropped), so each HTTP request borrows a client
 of its own from a per-service pool and gives it back when its exchange ended
 cleanly. A client whose exchange was cut short (the HTTP client went away, the
 deadline passed) is closed instead, so no late frame of it meets the next
-request. At most ``gateway.max_concurrent`` requests are in flight; one more
-is refused at once with 429 rather than queued without bound.
+request. How many HTTP requests run at once is bounded before they get here
+(``middleware.Admission``), so the pools are bounded too.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 from services.gateway.errors import ApiError, bad_request, from_service_error
@@ -22,12 +22,9 @@ from shared.protocol import ErrorCode, Reply
 
 
 class Upstreams:
-    def __init__(self, config: Config, on_in_flight: Callable[[int], None] = lambda n: None):
+    def __init__(self, config: Config):
         self.config = config
-        self.limit = config.gateway.max_concurrent
         self.timeout_s = config.gateway.request_timeout_s
-        self.in_flight = 0
-        self._on_in_flight = on_in_flight
         self._idle: dict[str, list[AsyncClient]] = {}
 
     def deadline(self) -> float:
@@ -35,14 +32,8 @@ class Upstreams:
         return asyncio.get_running_loop().time() + self.timeout_s
 
     @asynccontextmanager
-    async def client(self, service: str, admit: bool = True) -> AsyncIterator[AsyncClient]:
-        """A client of ``service`` for one exchange; ``admit`` counts it against the in-flight limit."""
-        if admit:
-            if self.in_flight >= self.limit:
-                raise ApiError(429, "rate_limit_error", ErrorCode.BUSY,
-                               f"the gateway has {self.limit} requests in flight (gateway.max_concurrent); "
-                               "retry later")
-            self._count(+1)
+    async def client(self, service: str) -> AsyncIterator[AsyncClient]:
+        """A client of ``service`` for one exchange."""
         idle = self._idle.setdefault(service, [])
         client = idle.pop() if idle else AsyncClient.for_service(service, self.config, timeout_s=self.timeout_s)
         clean = False
@@ -53,23 +44,17 @@ class Upstreams:
             clean = True  # a typed error reply ends the exchange; the client resets its own socket when needed
             raise
         finally:
-            if admit:
-                self._count(-1)
             if clean:
                 idle.append(client)
             else:
                 client.close()
 
-    def _count(self, delta: int) -> None:
-        self.in_flight += delta
-        self._on_in_flight(self.in_flight)
-
     async def request(self, service: str, msg_type: str, body: dict | None = None, session: str | None = None,
-                      deadline: float | None = None, admit: bool = True) -> dict:
+                      deadline: float | None = None) -> dict:
         """One request's final body; mesh errors and the deadline become ``ApiError``s."""
         deadline = deadline if deadline is not None else self.deadline()
         with mapped_errors(msg_type):
-            async with self.client(service, admit) as client, asyncio.timeout_at(deadline):
+            async with self.client(service) as client, asyncio.timeout_at(deadline):
                 return await client.request(msg_type, body, session)
 
     async def stream(self, service: str, msg_type: str, body: dict, session: str | None,

@@ -12,6 +12,12 @@ contents in the rendered text, the template is rendered a second time with each
 content replaced by a sentinel, and the two renders are walked side by side; a
 content the template transformed (``| trim``, a reasoning part dropped) is the text
 between the template text around it.
+
+A GGUF's template is code from whoever made the file. Jinja's immutable sandbox
+keeps it from Python's internals (the CVE-2024-34359 escape through
+``__class__.__subclasses__``); ``_Sandbox`` also bounds what it may compute, so
+``9 ** 99999999``, ``'a' * 10**10`` or nested ``range(100000)`` loops are a
+refused template, not a stalled or exhausted inference process.
 """
 
 from __future__ import annotations
@@ -26,7 +32,13 @@ from typing import Any
 
 import jinja2
 from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, SecurityError
+
+#: The most bits a number may get from ``*`` or ``**``, and characters or items a repeated sequence may have.
+_MAX_BITS = 4096
+_MAX_REPEAT = 1 << 20
+#: Items all the ``range`` calls of one render may produce together.
+_RANGE_BUDGET = 100_000
 
 
 class TemplateError(ValueError):
@@ -64,10 +76,42 @@ def _strftime_now(fmt: str) -> str:
     return datetime.now().strftime(fmt)
 
 
+class _Sandbox(ImmutableSandboxedEnvironment):
+    """The immutable sandbox with bounded ``*`` and ``**`` (intercepted operators are not folded at compile
+    time either, where Jinja would compute a constant ``9 ** 99999999`` while compiling)."""
+
+    intercepted_binops = frozenset({"*", "**"})
+
+    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+        if isinstance(left, int) and isinstance(right, int):
+            bits = right * abs(left).bit_length() if operator == "**" and abs(left) > 1 else \
+                left.bit_length() + right.bit_length() if operator == "*" else 0
+            if bits > _MAX_BITS:
+                raise SecurityError(f"the template computes a number over {_MAX_BITS} bits")
+        elif operator == "*":
+            sequence, times = (left, right) if isinstance(right, int) else (right, left)
+            if isinstance(sequence, (str, list, tuple)) and isinstance(times, int) and len(sequence) * times > _MAX_REPEAT:
+                raise SecurityError(f"the template builds a sequence over {_MAX_REPEAT} characters or items")
+        return super().call_binop(context, operator, left, right)
+
+
+def _budgeted_range(budget: int):
+    """``range`` for one render: all its ranges together yield at most ``budget`` items."""
+    left = budget
+
+    def bounded(*args: int) -> range:
+        nonlocal left
+        numbers = range(*args)
+        left -= len(numbers)
+        if left < 0:
+            raise SecurityError(f"the template's ranges go over {budget} items in one render")
+        return numbers
+    return bounded
+
+
 @functools.lru_cache(maxsize=16)
 def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[loopcontrols, _GenerationTag])
+    env = _Sandbox(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols, _GenerationTag])
     env.filters["tojson"] = _tojson
     env.globals.update(raise_exception=_raise_exception, strftime_now=_strftime_now)
     try:
@@ -94,7 +138,7 @@ class ChatTemplate:
     def render_text(self, messages: list[dict], tools: list[dict] | None = None,
                     add_generation_prompt: bool = True) -> str:
         try:
-            return self._template.render(messages=messages, tools=tools or None,
+            return self._template.render(messages=messages, tools=tools or None, range=_budgeted_range(_RANGE_BUDGET),
                                          add_generation_prompt=add_generation_prompt, **self._specials)
         except TemplateError:
             raise

@@ -104,7 +104,7 @@ class Preparer:
             turn = lexicon.chat_turn(body, on_text)
             prompt, constraint, finish, text_out = turn.prompt, turn.constraint, turn.reply, turn.on_text
         else:
-            prompt = lexicon.tokenize(_prompt_text(req))
+            prompt = lexicon.tokenize(_prompt_text(req, self.config.engine.n_ctx))
             if grammar := body.get("grammar"):
                 constraint = gbnf_constraint(grammar, lexicon.model)
         n_ctx = self.config.engine.n_ctx
@@ -129,10 +129,15 @@ class Preparer:
         return p
 
 
-def _prompt_text(req: Request) -> str:
+#: Well above the longest token text of any vocabulary: a prompt_shm longer than n_ctx of these cannot fit.
+_MAX_BYTES_PER_TOKEN = 256
+
+
+def _prompt_text(req: Request, n_ctx: int) -> str:
     if "prompt_shm" in req.body:
+        cap = n_ctx * _MAX_BYTES_PER_TOKEN  # checked before a byte is read: more could never fit the context
         try:
-            return shm.take_bytes(req.body["prompt_shm"], req.session).decode()
+            return shm.take_bytes(req.body["prompt_shm"], req.session, max_bytes=cap).decode()
         except UnicodeDecodeError:
             raise ProtocolError(ErrorCode.BAD_REQUEST, "prompt_shm does not hold UTF-8 text") from None
     if "prompt" in req.body:

@@ -8,7 +8,10 @@ A file is named by a hash of the model and the session id (ids are capabilities:
 is used only if its fingerprint (model file, KV layout, llama.cpp build) equals the running engine's and its
 checksum holds; anything else is deleted and the session starts cold. The folder is bounded
 (``engine.session_disk_mb``), least recently used files go first. A write goes to a temporary file, is fsynced
-and renamed, so a crash mid-write leaves the previous file or none, never a torn one.
+and renamed, so a crash mid-write leaves the previous file or none, never a torn one; the temporary file a dead
+writer left is deleted at the next eviction (and when the store opens).
+
+A file is read as untrusted bytes: a header field of the wrong type rejects the file like any damage.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ from typing import Any
 
 import structlog
 
+from shared.process import is_alive
+
 MAGIC = b"MAGKV\x01"
 _LENGTH = struct.Struct("<I")
+_TMP = ".tmp"
 
 
 class SessionStore:
@@ -36,6 +42,7 @@ class SessionStore:
         self._key = json.dumps(fingerprint.get("model"), sort_keys=True)
         self.log = structlog.get_logger().bind(service="inference")
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._evict(keep=None)
 
     def path(self, session: str) -> Path:
         return self.root / (hashlib.sha256(f"{self._key}\0{session}".encode()).hexdigest()[:40] + ".kv")
@@ -52,7 +59,7 @@ class SessionStore:
         if size > self.budget_bytes:
             return False
         path = self.path(session)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp = path.with_suffix(f"{_TMP}{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
             f.write(MAGIC + _LENGTH.pack(len(header)) + header)
@@ -90,6 +97,8 @@ class SessionStore:
             n_tokens, n_state, crc = header["n_tokens"], header["state_bytes"], header["crc32"]
         except (ValueError, KeyError, TypeError):
             raise ValueError("unreadable header") from None
+        if not all(type(v) is int and v >= 0 for v in (n_tokens, n_state, crc)):
+            raise ValueError("header fields are not counts")
         if header.get("fingerprint") != self.fingerprint:
             raise ValueError("saved by another model, KV layout or llama.cpp build")
         body = data[start + n:]
@@ -107,8 +116,13 @@ class SessionStore:
         except FileNotFoundError:
             return False
 
-    def _evict(self, keep: Path) -> None:
-        """Delete the least recently used files until the folder fits its budget."""
+    def _evict(self, keep: Path | None) -> None:
+        """Delete temporary files of writers that died, then the least recently used files until the folder fits
+        its budget."""
+        for p in self.root.glob(f"*{_TMP}*"):
+            writer = p.suffix.removeprefix(_TMP)
+            if not (writer.isdigit() and is_alive(int(writer))):
+                p.unlink(missing_ok=True)
         files = []
         for p in self.root.glob("*.kv"):
             try:

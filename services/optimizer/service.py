@@ -131,6 +131,8 @@ class OptimizerService(Service):
                             (time.time(), b["session_id"], int(b["success"]), b.get("error_reason"),
                              json.dumps(b.get("details") or {}, default=str), settings_id))
             row_id = self.db.last_insert_rowid()
+            # Bounded: anyone allowed to send feedback could otherwise fill the disk a row at a time.
+            self.db.execute("DELETE FROM feedback WHERE id <= ?", (row_id - self.config.optimizer.max_feedback_rows,))
         self.log.info("feedback", session=b["session_id"], success=b["success"], id=row_id, settings_id=settings_id,
                       error_reason=(b.get("error_reason") or "")[:200])
         return {"id": row_id, "durable": True, "queued_for": "optimizer", "settings_id": settings_id}

@@ -3,7 +3,9 @@
 They run in the service process because they cannot run away: the calculator
 bounds every number it builds, the file reader reads at most a capped number of
 bytes from a regular file under a configured root, and memory search is one
-request with a timeout.
+request with a timeout. The file reader runs unsandboxed, so it hides what the
+sandbox hides (``jail.private_paths``) by the same rule: a root shows the data
+directory, keys, sockets and databases only when it was declared inside them.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any, Callable
 
 from shared.client import Client, ServiceError
 from services.tools.errors import tool_failed
+from services.tools.jail import private_paths, shown_from_outside
 from shared.config import Config
 from shared.protocol import ErrorCode
 
@@ -113,8 +116,9 @@ def calculate(expression: str) -> str:
 
 
 # --- file_reader -------------------------------------------------------------------------------
-def read_file(path_text: str, roots: list[Path], max_file_bytes: int) -> str:
-    """Read a regular file that really lies under a root: no ``..``, no symlink out, no devices, capped size."""
+def read_file(path_text: str, roots: list[Path], max_file_bytes: int, private: list[Path]) -> str:
+    """Read a regular file that really lies under a root and in no ``private`` path the roots show: no ``..``,
+    no symlink out, no devices, capped size."""
     if not roots:
         raise tool_failed("refused", "file_reader has no configured roots (agent.file_roots)")
     path = Path(path_text)
@@ -125,6 +129,9 @@ def read_file(path_text: str, roots: list[Path], max_file_bytes: int) -> str:
     real = Path(os.path.realpath(candidate))
     if not any(real == r or r in real.parents for r in real_roots):
         raise tool_failed("refused", f"path {path_text!r} is outside the allowed roots")
+    if any((real == p or p in real.parents) and shown_from_outside(p, real_roots) for p in private):
+        raise tool_failed("refused", f"path {path_text!r} is in Magnitude's private data (data directory, keys, "
+                                     "sockets, databases)")
     try:
         # O_NOFOLLOW: the path was resolved, so a symlink here means it changed under us;
         # O_NONBLOCK: opening a FIFO must not hang.
@@ -164,7 +171,7 @@ def run_builtin(name: str, args: dict[str, Any], config: Config) -> str:
     if name == "calculator":
         return calculate(args["expression"])
     if name == "file_reader":
-        return read_file(args["path"], config.agent.file_roots, config.agent.max_file_bytes)
+        return read_file(args["path"], config.agent.file_roots, config.agent.max_file_bytes, private_paths(config))
     if name == "memory_search":
         return search_memory(config, args["query"], args.get("k", 3))
     raise AssertionError(f"config validation lets only known builtins through, got {name!r}")

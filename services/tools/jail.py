@@ -19,8 +19,12 @@ it, and bwrap's no-new-privileges keeps setuid binaries inert. (The binds are
 what make the drop work: bare, the interpreter may live where that uid cannot
 read, e.g. under /root.)
 
+In a container bwrap needs a seccomp profile that allows namespaces (Docker's
+default refuses them: compose.yaml gives the tools container
+docker/seccomp-tools.json), and there a tool's /proc is empty (see ``_probe``).
+
 Where bwrap is missing or cannot create namespaces (a container without user
-namespaces), ``tool_isolation: auto`` falls back to rlimits and a kill of the
+namespaces or such a profile), ``tool_isolation: auto`` falls back to rlimits and a kill of the
 process group and its descendants, under the service's own uid, and says so in
 the log (``tool_isolation`` at start); ``tool_isolation: bubblewrap`` refuses to
 start.
@@ -50,6 +54,20 @@ def _under(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
 
+def private_paths(config: Config) -> list[Path]:
+    """What no tool may read: the data directory, the keys, the ipc sockets, the databases and the strategy."""
+    runtime = config.runtime
+    data_dir = runtime.resolved_data_dir()
+    return [_real(p) for p in (data_dir, runtime.resolved_keys_dir(), runtime.run_dir(),
+                               config.memory.db_path or data_dir / "memory.db",
+                               config.optimizer.strategy_path or data_dir / "strategy.json")]
+
+
+def shown_from_outside(path: Path, roots: list[Path]) -> bool:
+    """Whether one of ``roots`` shows ``path`` without being declared inside it: then ``path`` is covered."""
+    return any(_under(path, r) and not _under(r, path) for r in roots)
+
+
 def _namespace_flags(network: bool) -> list[str]:
     flags = ["--unshare-ipc", "--unshare-pid", "--unshare-uts", "--unshare-cgroup-try"]
     if not network:
@@ -64,39 +82,49 @@ def _private_tmp(size_mb: int) -> list[str]:
     return ["--perms", "1777", "--size", str(size_mb << 20), "--tmpfs", "/tmp", "--chdir", "/tmp"]
 
 
-def _probe(bwrap: str) -> str | None:
-    """Why bwrap cannot sandbox here (None: it can)."""
-    try:
-        done = subprocess.run([bwrap, *_namespace_flags(False), "--ro-bind", "/", "/", *_private_tmp(1),
-                               "--", "true"], capture_output=True, timeout=_PROBE_TIMEOUT_S)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{bwrap} did not run: {exc}"
-    if done.returncode != 0:
-        return f"{bwrap} cannot create namespaces here: {done.stderr.decode(errors='replace').strip()[:300]}"
-    return None
+#: A tool's /proc: its own PID namespace's; where no procfs may be mounted, an empty one.
+_OWN_PROC = ("--proc", "/proc")
+_EMPTY_PROC = ("--tmpfs", "/proc")
+
+
+def _probe(bwrap: str) -> tuple[tuple[str, ...] | None, str]:
+    """The /proc a sandbox can have here and "", or None and why bwrap cannot sandbox here.
+
+    In a container whose /proc has masked paths (Docker's default) the kernel refuses a fresh procfs to a user
+    namespace; binding the container's /proc instead would show processes outside the sandbox (and through
+    /proc/PID/root, their files), so there a tool gets an empty /proc."""
+    why = ""
+    for proc in (_OWN_PROC, _EMPTY_PROC):
+        try:
+            done = subprocess.run([bwrap, *_namespace_flags(False), "--ro-bind", "/", "/", *proc, *_private_tmp(1),
+                                   "--", "true"], capture_output=True, timeout=_PROBE_TIMEOUT_S)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return None, f"{bwrap} did not run: {exc}"
+        if done.returncode == 0:
+            return proc, ""
+        why = f"{bwrap} cannot create namespaces here: {done.stderr.decode(errors='replace').strip()[:300]}"
+    return None, why
 
 
 class Jail:
     """How this tool service confines its children; ``wrap`` turns a child command into the confined one."""
 
     def __init__(self, config: Config):
-        runtime = config.runtime
         mode = config.agent.tool_isolation
         self.bwrap: str | None = None
+        self.proc: tuple[str, ...] = ()
         self.reason = "agent.tool_isolation is off"
         if mode != "off":
             found = shutil.which("bwrap")
-            self.reason = (_probe(found) if found else "bwrap is not installed (Debian package bubblewrap)") or ""
-            self.bwrap = found if not self.reason else None
+            proc, self.reason = _probe(found) if found else (None, "bwrap is not installed (Debian package "
+                                                                   "bubblewrap)")
+            self.bwrap, self.proc = (found, proc) if proc else (None, ())
             if mode == "bubblewrap" and self.bwrap is None:
                 raise ConfigError(f"agent.tool_isolation is bubblewrap, but {self.reason}")
         #: The uid the child drops to (None: it keeps the service's).
         self.uid: int | None = config.agent.tool_uid if self.bwrap and os.geteuid() == 0 else None
-        data_dir = runtime.resolved_data_dir()
         #: Never shown to a tool: directories get an empty tmpfs over them, files /dev/null.
-        self.private = [_real(p) for p in (data_dir, runtime.resolved_keys_dir(), runtime.run_dir(),
-                                           config.memory.db_path or data_dir / "memory.db",
-                                           config.optimizer.strategy_path or data_dir / "strategy.json")]
+        self.private = private_paths(config)
         # The interpreter inside: the venv's own bin/python (so the venv is found), by its real path.
         venv_python = _real(sys.prefix) / "bin" / Path(sys.executable).name
         self.python = str(venv_python if venv_python.exists() else _real(sys.executable))
@@ -107,8 +135,9 @@ class Jail:
         return self.bwrap is not None
 
     def describe(self) -> dict:
-        return {"isolation": "bubblewrap" if self.bwrap else "rlimits", "tool_uid": self.uid,
-                **({} if self.bwrap else {"why": self.reason})}
+        if self.bwrap is None:
+            return {"isolation": "rlimits", "tool_uid": self.uid, "why": self.reason}
+        return {"isolation": "bubblewrap", "tool_uid": self.uid, "proc": "own" if self.proc == _OWN_PROC else "empty"}
 
     def runtime_paths(self) -> list[Path]:
         """What the interpreter itself needs: its installation and the venv."""
@@ -133,14 +162,14 @@ class Jail:
                 args += ["--symlink", os.readlink(link), link]
             elif os.path.isdir(link):
                 args += ["--ro-bind", link, link]
-        args += ["--proc", "/proc", "--dev", "/dev", *_private_tmp(tmp_mb)]
+        args += [*self.proc, "--dev", "/dev", *_private_tmp(tmp_mb)]
         bound = [Path(p) for p in _SYSTEM_DIRS]
         args += self._binds(visible, bound)
         args += self._masks(lambda path: any(_under(path, b) for b in bound))
         real_roots = [_real(r) for r in roots if os.path.exists(r)]
         args += self._binds(real_roots, bound)
         # A root that contains a private path shows it only when the root was declared inside it.
-        args += self._masks(lambda path: any(_under(path, r) and not _under(r, path) for r in real_roots))
+        args += self._masks(lambda path: shown_from_outside(path, real_roots))
         return args + ["--", *child]
 
     @staticmethod

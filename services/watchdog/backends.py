@@ -72,7 +72,7 @@ class LocalBackend:
         process.spawn(self.config, name, self.config_path)
 
     def restart(self, name: str, hard: bool) -> None:
-        process.stop(self.config, name, timeout_s=0 if hard else 30.0)  # hard: SIGKILL at once, no drain
+        process.stop(self.config, name, timeout_s=0 if hard else None)  # hard: SIGKILL at once, no drain
         self.start(name)
 
     def set_nice(self, name: str, nice: int) -> None:
@@ -91,18 +91,18 @@ class DockerBackend:
 
     kind = "docker"
 
-    def __init__(self, client: Any, project: str | None, stop_timeout_s: int = 30):
+    def __init__(self, client: Any, project: str | None, stop_timeout_s: int):
         self.client = client
         self.project = project
         self.stop_timeout_s = stop_timeout_s
 
     @classmethod
-    def from_env(cls, project: str | None) -> "DockerBackend":
+    def from_env(cls, project: str | None, stop_timeout_s: int) -> "DockerBackend":
         """Connect through DOCKER_HOST or the mounted socket; the project defaults to our own container's."""
         client = docker_client()
         if project is None:
             project = own_container_labels(client).get(PROJECT_LABEL)  # None: match services of any project
-        return cls(client, project)
+        return cls(client, project, stop_timeout_s)
 
     def _container(self, name: str) -> Any:
         labels = [f"{SERVICE_LABEL}={name}"] + ([f"{PROJECT_LABEL}={self.project}"] if self.project else [])
@@ -200,5 +200,5 @@ def choose_backend(config: Config) -> tuple[str, str]:
 
 def make_backend(kind: str, config: Config, config_path: str | None) -> Backend:
     if kind == "docker":
-        return DockerBackend.from_env(config.watchdog.compose_project)
+        return DockerBackend.from_env(config.watchdog.compose_project, round(config.runtime.stop_timeout_s()))
     return LocalBackend(config, config_path)

@@ -38,9 +38,10 @@ class WatchdogService(Service):
     def health_details(self) -> dict[str, Any]:
         return {"backend": self.supervisor.backend.kind, "restarts": self.supervisor.total_restarts()}
 
-    def run(self) -> None:
+    def serving(self) -> None:
+        """Supervise only once this process is sure to run: a watchdog that fails its own start must not leave
+        half-started services behind it."""
         self._thread.start()
-        super().run()
 
     def stop(self) -> None:
         self._stop_supervising.set()  # no restart may start once we are told to stop

@@ -4,6 +4,7 @@ call it, and how much one request may ask for."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from pydantic import Field
 
@@ -22,8 +23,16 @@ class GatewayConfig(Section):
     request_timeout_s: float = Field(300.0, gt=0, le=86400,
                                      description="a request (a whole stream included) running longer answers "
                                                  "504, or ends its stream with a timeout error")
-    max_concurrent: int = Field(32, ge=1, le=4096, description="requests in flight to the services at once; "
-                                                              "more answer 429 with Retry-After")
+    max_concurrent: int = Field(32, ge=1, le=4096, description="HTTP requests in flight at once, every route "
+                                                              "counted (a stream until its last byte); more "
+                                                              "answer 429 with Retry-After")
+    allowed_hosts: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default_factory=list, description="names a request's Host header may carry besides localhost, 127.0.0.1, "
+                                          "::1 and gateway.host (a web page re-pointing its own name at this box "
+                                          "by DNS rebinding still sends its own); '*' allows any")
+    feedback_per_minute: int = Field(30, ge=1, le=100000, description="POST /v1/feedback without API keys "
+                                                                      "(loopback): at most this many a minute, "
+                                                                      "more answer 429")
     retry_after_s: int = Field(1, ge=1, le=3600, description="Retry-After of 429 and 503 answers")
     sse_ping_s: float = Field(15.0, gt=0, le=3600, description="an SSE comment this often keeps idle "
                                                               "streams (long prefills) alive through proxies")

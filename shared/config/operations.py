@@ -44,6 +44,8 @@ class OptimizerConfig(Section):
     alert_interval_s: float = Field(300.0, ge=0, description="at most one latency_alert per service this often")
     strategy_path: Path | None = Field(None, description="learned strategy file; default DATA_DIR/strategy.json")
     persist_interval_s: float = Field(60.0, gt=0, description="the strategy is also saved this often")
+    max_feedback_rows: int = Field(100_000, ge=100, le=100_000_000, description="feedback rows kept; older ones "
+                                                                                 "are deleted as new ones come")
     thermal: ThermalConfig = Field(default_factory=ThermalConfig)
 
 

@@ -10,11 +10,14 @@ from pydantic import Field, field_validator
 from shared.config.base import SERVICE_NAMES, WATCHDOG_NAME, Section, magnitude_home, require_known_services
 
 IPC = "ipc://"
+#: Linux abstract sockets (``ipc://@name``) have no file, so no permissions: any local account can connect.
+ABSTRACT_IPC = IPC + "@"
+_EXIT_MARGIN_S = 15.0
 
 
 def ipc_path(endpoint: str) -> Path | None:
-    """The socket file of an ``ipc://`` endpoint; None for other transports."""
-    return Path(endpoint[len(IPC):]) if endpoint.startswith(IPC) else None
+    """The socket file of an ``ipc://`` endpoint; None for other transports and abstract sockets."""
+    return Path(endpoint[len(IPC):]) if endpoint.startswith(IPC) and not endpoint.startswith(ABSTRACT_IPC) else None
 
 
 class RuntimeConfig(Section):
@@ -28,6 +31,8 @@ class RuntimeConfig(Section):
     worker_stall_s: float = Field(120.0, gt=0, le=86400, description="a worker thread silent this long reads "
                                   "unhealthy, so the watchdog restarts its service (tools: at least the longest "
                                   "tool timeout)")
+    drain_timeout_s: float = Field(60.0, gt=0, le=3600, description="on SIGTERM a service finishes what it "
+                                   "accepted (inference: and saves its sessions) for at most this long")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     curve: bool = Field(False, description="require CURVE auth on every tcp endpoint, loopback too "
                                            "(always required beyond loopback)")
@@ -42,6 +47,9 @@ class RuntimeConfig(Section):
         for name, url in v.items():
             if not url.startswith(("ipc://", "tcp://")):
                 raise ValueError(f"{name}: endpoint must start with ipc:// or tcp://, got {url!r}")
+            if url.startswith(ABSTRACT_IPC):
+                raise ValueError(f"{name}: {url!r} is an abstract socket, which any local account can reach; "
+                                 "use a path (ipc:///run/...) in a private directory")
         return v
 
     def run_dir(self) -> Path:
@@ -55,6 +63,11 @@ class RuntimeConfig(Section):
 
     def resolved_keys_dir(self) -> Path:
         return self.keys_dir or self.resolved_data_dir() / "keys"
+
+    def stop_timeout_s(self) -> float:
+        """How long a stopper waits after SIGTERM before SIGKILL: the drain, plus the exit after it
+        (compose.yaml's stop_grace_period must be at least this; tests/test_compose.py checks)."""
+        return self.drain_timeout_s + _EXIT_MARGIN_S
 
 
 
