@@ -41,7 +41,8 @@ def main() -> int:
                         help="GGUF of the second model (default: the bundled one under a second name)")
     args = parser.parse_args()
 
-    engine = {"n_ctx": 1024, "session_slots": 1, "models": {"chat": str(catalog.get(catalog.BASE_MODEL).path()),
+    # model_load_interval_s 0: this benchmark measures reloads on purpose (the service bounds them by default)
+    engine = {"n_ctx": 1024, "session_slots": 1, "model_load_interval_s": 0, "models": {"chat": str(catalog.get(catalog.BASE_MODEL).path()),
                                                               "fast": str(args.fast_model)}}
     modes = {"resident": {**engine, "max_models": 2}, "reload": {**engine, "max_models": 1}}
     stats: dict[str, list[dict]] = {mode: [] for mode in modes}

@@ -29,6 +29,7 @@ import stat
 import struct
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -59,7 +60,7 @@ from shared.health import probe
 from shared.logs import configure_logging
 from shared.protocol import MESSAGES, ErrorCode, ProtocolError, Request, decode_reply, decode_request, encode_request
 from shared.service import Job, Service
-from tests.conftest import (REPO, REPORT, ServiceProcess, make_config, require_model, running_inference, wait_for,
+from tests.conftest import (MODEL_PATH, REPO, REPORT, ServiceProcess, make_config, require_model, running_inference, wait_for,
                             write_config)
 from tests.test_curve import free_port
 
@@ -857,3 +858,54 @@ def test_cached_tokens_tell_no_tenant_about_another_tenants_prompt(tmp_path):
     finally:
         for svc in reversed(services):
             svc.stop()
+
+
+# --- issue 23, finding 5: models and grammars from requests --------------------------------------------
+def test_a_corrupt_model_file_fails_its_request_and_loads_are_bounded(tmp_path):
+    """A request naming a corrupt GGUF killed the scheduler's worker on main; it now fails that request alone.
+    And a caller alternating between models that are not resident cannot make the box load and evict them in
+    a loop: requests bring in one model per engine.model_load_interval_s."""
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + os.urandom(4096))
+    with running_inference(tmp_path, max_models=1, models={"broken": str(corrupt), "other": str(MODEL_PATH)}) as svc:
+        with Client(svc.endpoint, timeout_s=60) as client:
+            pid = client.health()["pid"]
+            with pytest.raises(ServiceError) as err:
+                client.generate("Hello", max_tokens=2, model="broken")
+            assert err.value.code == "bad_request" and "cannot be loaded" in err.value.message
+            assert client.generate("Hello", max_tokens=2, model="other").stats["model"] == "other"
+            with pytest.raises(ServiceError) as err:  # back to the default at once: that would be a second load
+                client.generate("Hello", max_tokens=2)
+            assert err.value.code == "busy" and "model_load_interval_s" in err.value.message
+            health = client.health()
+            assert health["ok"] and health["pid"] == pid and health["model_loads"] == 2
+
+
+def test_a_deep_grammar_is_flattened_off_the_decode_thread(inference_service):
+    """A 128 KB grammar nested 999 deep cost 1.5 s of flattening on the decode thread: another stream stopped
+    for that long. It is prepared on a preparing worker now; the stream keeps its pace."""
+    grammar = "root ::= " + "(" * 999 + '"a"' + ")" * 999 + " " + " ".join(["[a-z]"] * 20000)
+    grammar = grammar[:127 * 1024]
+    stamps, done = [], {}
+    with Client(inference_service.endpoint, timeout_s=120) as steady, \
+            Client(inference_service.endpoint, timeout_s=120) as hostile:
+        stream = steady.generate_stream("Count from one to one hundred: one, two,", max_tokens=120, temperature=0,
+                                        cache_prompt=False)
+        worker = threading.Thread(target=lambda: done.update(
+            reply=_outcome(lambda: hostile.generate("a", max_tokens=2, grammar=grammar))))
+        for piece in stream:
+            stamps.append(time.monotonic())
+            if len(stamps) == 5:
+                worker.start()
+            if len(stamps) > 5 and "reply" in done:
+                break
+        worker.join(60)
+    gaps = [b - a for a, b in zip(stamps[5:], stamps[6:])]
+    assert "reply" in done and gaps and max(gaps) < 0.5, (done, max(gaps, default=None))
+
+
+def _outcome(call):
+    try:
+        return call()
+    except ServiceError as err:
+        return err

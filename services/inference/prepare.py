@@ -75,6 +75,32 @@ class Preparer:
         self.models = models
         self._lexicons: dict[Path, Lexicon] = {}
         self._lock = threading.Lock()
+        self._loading: tuple[str, float] | None = None  # the model a request last brought in, and when
+
+    def warm_up(self) -> None:
+        """Open the default model's lexicon with its vocabulary and chat template before serving. Building a
+        vocabulary is a second of Python over every token; beside running decodes it held the GIL the decode
+        thread needs between steps (another stream stalled for a second), so it is done before the first one."""
+        _, lexicon = self.lexicon(None)
+        lexicon.vocabulary
+        try:
+            lexicon.chat
+        except ProtocolError:
+            pass  # a base model: no chat template, generate only
+
+    def _may_load(self, name: str) -> None:
+        """A request naming a model that is not resident makes the scheduler load it (and maybe evict another):
+        allowed for one model per ``engine.model_load_interval_s``, so no caller can make the box thrash."""
+        if name in self.models.engines:
+            return
+        interval, now = self.config.engine.model_load_interval_s, time.monotonic()
+        with self._lock:
+            if self._loading is not None and self._loading[0] != name and now - self._loading[1] < interval:
+                raise ProtocolError(ErrorCode.BUSY, f"model {name!r} is not resident, and requests may bring in a "
+                                                    f"model once per {interval:g} s (engine.model_load_interval_s; "
+                                                    "model.load is not limited); retry later")
+            if self._loading is None or self._loading[0] != name:
+                self._loading = (name, now)
 
     def lexicon(self, model: str | None) -> tuple[str, Lexicon]:
         """The model's name (None: the current default) and its lexicon, opened on first use."""
@@ -110,6 +136,7 @@ class Preparer:
         n_ctx = self.config.engine.n_ctx
         if not 0 < len(prompt) < n_ctx:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"prompt is {len(prompt)} tokens; n_ctx is {n_ctx}")
+        self._may_load(name)
         return GenerationRequest(
             prompt, params, on_done=lambda result: send_ok(finish(result)), on_error=on_error, owner=owner,
             session=req.session, model=name, constraint=constraint, on_text=text_out, cancelled=cancelled,

@@ -52,7 +52,7 @@ class InferenceService(Service):
         self.models = ModelPool(config.engine, lambda cfg: Engine(cfg, sessions_dir))
         self.scheduler = Scheduler(self.models, self.log)
         self.preparer = Preparer(config, self.models)
-        self.preparer.lexicon(None)  # the default model's tokenizer, before the first request needs it
+        self.preparer.warm_up()
         # Prepared generations and engine work, for the scheduler's thread (bounded: back-pressure reaches the
         # service queue, which answers busy).
         self._ready: queue.Queue[GenerationRequest | Job] = queue.Queue(maxsize=config.runtime.queue_size)

@@ -37,6 +37,9 @@ class EngineConfig(Section):
     models: dict[str, Path] = Field(default_factory=dict, description="more GGUF models by name, loadable on "
                                                                       "demand; model_path is named 'default'")
     max_models: int = Field(2, ge=1, le=16, description="models resident at once (model slots)")
+    model_load_interval_s: float = Field(5.0, ge=0, le=3600, description="requests may bring in a model that is "
+                                         "not resident once per this many seconds (model.load, privileged, is "
+                                         "not limited; 0: no limit)")
     models_memory_mb: int = Field(4096, ge=64, le=1 << 20, description="budget for resident models: weights "
                                                                        "and KV; the least recently used goes")
     self_optimize: bool = True
