@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -73,6 +74,22 @@ def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
             return value
         time.sleep(0.05)
     raise AssertionError(f"not within {timeout_s:g}s: {what}")
+
+
+def gaps_while(stream, after: int, work) -> list[float]:
+    """Seconds between a stream's pieces while ``work()`` runs on another thread: it starts once ``after``
+    pieces came, and the stream is read until it is done (another client unaffected by it: the gaps say)."""
+    stamps: list[float] = []
+    worker = threading.Thread(target=work)
+    for _ in stream:
+        stamps.append(time.monotonic())
+        if len(stamps) == after:
+            worker.start()
+        if len(stamps) > after and not worker.is_alive():
+            break
+    assert worker.ident is not None, f"the stream ended after {len(stamps)} pieces, before the work started"
+    worker.join(60)
+    return [b - a for a, b in zip(stamps[after:], stamps[after + 1:])]
 
 
 def require_model(path: Path = MODEL_PATH) -> None:

@@ -23,7 +23,8 @@ from shared import catalog
 from shared.client import Client
 from shared.config import parse_config
 from shared.protocol import encode_request, new_request_id
-from tests.conftest import REPO, REPORT, ServiceProcess, make_config, require_model, wait_for, write_config
+from tests.conftest import (REPO, REPORT, ServiceProcess, gaps_while, make_config, require_model, wait_for,
+                            write_config)
 
 sys.path.insert(0, str(REPO / "scripts"))
 import bench_agent  # noqa: E402  (the benchmark's tasks, files and plain OpenAI tool loop)
@@ -180,21 +181,12 @@ def test_a_backtracking_regex_neither_stalls_another_stream_nor_restarts_inferen
             hostile["refused"] = err
         hostile["seconds"] = time.monotonic() - t0
 
-    stamps = []
     stream = sdk(stack, f"steady-{time.monotonic_ns()}").completions.create(
         model=CHAT_MODEL, prompt="Count from one to two hundred in words: one, two,", max_tokens=400, temperature=0,
         stream=True)
-    sender = threading.Thread(target=send_hostile)
-    for chunk in stream:
-        stamps.append(time.monotonic())
-        if len(stamps) == 8:
-            sender.start()
-        if len(stamps) > 8 and "seconds" in hostile:
-            break
+    gaps = gaps_while(stream, 8, send_hostile)
     stream.close()
-    sender.join(60)
     assert "seconds" in hostile and hostile["seconds"] < 60
-    gaps = [b - a for a, b in zip(stamps[8:], stamps[9:])]
     REPORT.append(f"regex request answered in {hostile['seconds']:.2f} s; the other stream's longest gap meanwhile "
                   f"{max(gaps) * 1000:.0f} ms over {len(gaps)} tokens")
     assert max(gaps) <= 0.25, gaps
