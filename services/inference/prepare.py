@@ -78,15 +78,20 @@ class Preparer:
         self._loading: tuple[str, float] | None = None  # the model a request last brought in, and when
 
     def warm_up(self) -> None:
-        """Open the default model's lexicon with its vocabulary and chat template before serving. Building a
-        vocabulary is a second of Python over every token; beside running decodes it held the GIL the decode
-        thread needs between steps (another stream stalled for a second), so it is done before the first one."""
-        _, lexicon = self.lexicon(None)
-        lexicon.vocabulary
-        try:
-            lexicon.chat
-        except ProtocolError:
-            pass  # a base model: no chat template, generate only
+        """Open every configured model's lexicon with its vocabulary and chat template before serving. Building
+        a vocabulary holds the GIL for most of a second in one native call (llguidance's tokenizer), and the
+        decode thread needs the GIL between steps: done beside running decodes, it stalled another stream for
+        0.7 s. A few MB and about a second per model, at start instead."""
+        for name in self.models.paths:
+            try:
+                _, lexicon = self.lexicon(name)
+            except ProtocolError:
+                continue  # a missing or unreadable file: a request naming it gets the error then
+            lexicon.vocabulary
+            try:
+                lexicon.chat
+            except ProtocolError:
+                pass  # a base model: no chat template, generate only
 
     def _may_load(self, name: str) -> None:
         """A request naming a model that is not resident makes the scheduler load it (and maybe evict another):
@@ -120,7 +125,7 @@ class Preparer:
         """The request as the scheduler runs it. ``on_text`` gets streamed events (None: not streaming),
         ``send_ok`` the final body, ``on_error`` a failure; raises ``ProtocolError`` for a bad request."""
         t0 = time.perf_counter()
-        body = req.body
+        body, n_ctx = req.body, self.config.engine.n_ctx
         params = self.params(body)
         name, lexicon = self.lexicon(body.get("model"))
         finish: Callable[[dict], dict] = lambda result: result
@@ -130,10 +135,9 @@ class Preparer:
             turn = lexicon.chat_turn(body, on_text)
             prompt, constraint, finish, text_out = turn.prompt, turn.constraint, turn.reply, turn.on_text
         else:
-            prompt = lexicon.tokenize(_prompt_text(req, self.config.engine.n_ctx))
+            prompt = lexicon.tokenize(_prompt_text(req, n_ctx))
             if grammar := body.get("grammar"):
                 constraint = gbnf_constraint(grammar, lexicon.model)
-        n_ctx = self.config.engine.n_ctx
         if not 0 < len(prompt) < n_ctx:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"prompt is {len(prompt)} tokens; n_ctx is {n_ctx}")
         self._may_load(name)
