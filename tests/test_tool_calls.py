@@ -16,7 +16,7 @@ from services.inference.constraint import (MAX_SCHEMA_DEPTH, Constraint, LlamaGr
                                            _flatten_optional_chains, check_schema, gbnf_constraint,
                                            vocabulary)
 from services.inference.tool_calls import scan, tagged_grammar, tool_table, triggers
-from shared.grammar import nesting_depth
+from services.inference.grammar import nesting_depth
 from shared.protocol import ProtocolError
 from tests.conftest import CHAT_MODEL_PATH, require_model
 

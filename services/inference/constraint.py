@@ -37,7 +37,7 @@ from llama_cpp import _internals
 from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
 from services.inference.patterns import check_patterns
-from shared.grammar import check_grammar, gbnf_pieces
+from services.inference.grammar import check_grammar, gbnf_pieces
 from shared.protocol import ErrorCode, ProtocolError
 
 MAX_SCHEMA_BYTES = 64 * 1024

@@ -31,7 +31,7 @@ from shared.protocol import ErrorCode, ProtocolError, Request
 from shared.security import private_dir
 from shared.service import Emitter, Service
 from shared.telemetry import NullTelemetry, Telemetry, validate_sample, validate_system
-from shared.thermal import read_thermal
+from services.optimizer.thermal import read_thermal
 from services.optimizer import strategy as strategy_file
 from services.optimizer.policy import Decision, Policy, Profile
 from services.optimizer.relief import ThermalRelief
