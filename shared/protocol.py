@@ -183,7 +183,8 @@ MESSAGES: dict[str, MessageSpec] = {
     "chat": MessageSpec(
         "inference",
         {
-            "messages": Field(list, required=True, max_len=MAX_MESSAGES),
+            "messages": Field(list, max_len=MAX_MESSAGES),
+            "messages_shm": _SHM_HANDLE,  # the messages list as msgpack, when long (shared.client does this)
             "tools": Field(list, max_len=MAX_TOOLS),
             "tool_choice": Field((str, dict)),
             "response_format": Field(dict),
@@ -334,6 +335,22 @@ MESSAGES: dict[str, MessageSpec] = {
 }
 
 
+# --- what generation replies mean (inference writes them, the gateway and clients read them) -----
+#: A generation's stop_reason -> the finish_reason of a chat reply (OpenAI's names).
+_FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+def finish_reason(stop_reason: str | None, called_tools: bool = False) -> str:
+    """Why a reply ended, in OpenAI's words: ``tool_calls``, ``length`` or ``stop``."""
+    return "tool_calls" if called_tools else _FINISH_REASONS.get(stop_reason or "stop", "stop")
+
+
+def unsent_text(content: str, streamed: str) -> str:
+    """What of a reply's content its ``text`` events have not carried yet: the rest after what was streamed
+    (nothing when the content no longer starts with it: a call's markup is never streamed, then taken back)."""
+    return content[len(streamed):] if content.startswith(streamed) else ""
+
+
 def new_request_id() -> str:
     return uuid.uuid4().hex
 
@@ -378,12 +395,24 @@ def _no_extensions(code: int, data: bytes) -> Any:
     raise ValueError(f"msgpack extension type {code} is not part of the protocol")
 
 
-def _unpack_map(frame: bytes) -> dict:
+def _unpack(data: bytes, what: str) -> Any:
     try:
-        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=len(frame),
-                              ext_hook=_no_extensions, timestamp=2)
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=len(data),
+                               ext_hook=_no_extensions, timestamp=2)
     except Exception as exc:  # msgpack raises several types for bad input
-        raise ProtocolError(ErrorCode.BAD_FRAME, f"frame is not valid msgpack ({type(exc).__name__})")
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"{what} is not valid msgpack ({type(exc).__name__})")
+
+
+def decode_field(msg_type: str, name: str, data: bytes, request_id: str) -> Any:
+    """A body field that came in shared memory (``messages_shm`` holds ``messages``): msgpack under the frame's
+    rules, checked against the field's spec as if it had come inline."""
+    value = _unpack(data, f"{name}_shm")
+    _check_field(name, MESSAGES[msg_type].fields[name], value, request_id)
+    return value
+
+
+def _unpack_map(frame: bytes) -> dict:
+    obj = _unpack(frame, "frame")
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.BAD_FRAME, "frame must be a msgpack map")
     return obj

@@ -24,7 +24,7 @@ from llama_cpp import _internals
 
 from shared import shm
 from shared.config import Config
-from shared.protocol import MAX_STOP_CHARS, ErrorCode, ProtocolError, Request
+from shared.protocol import MAX_STOP_CHARS, ErrorCode, ProtocolError, Request, decode_field
 from services.inference.chat import ChatModel, ChatTurn, prepare_turn
 from services.inference.constraint import Vocabulary, gbnf_constraint, vocabulary
 from services.inference.engine import init_backend
@@ -132,7 +132,7 @@ class Preparer:
         text_out = (lambda text: on_text({"text": text})) if on_text else None
         constraint = None
         if req.type == "chat":
-            turn = lexicon.chat_turn(body, on_text)
+            turn = lexicon.chat_turn(_with_messages(req, n_ctx), on_text)
             prompt, constraint, finish, text_out = turn.prompt, turn.constraint, turn.reply, turn.on_text
         else:
             prompt = lexicon.tokenize(_prompt_text(req, n_ctx))
@@ -166,6 +166,16 @@ class Preparer:
 
 #: Well above the longest token text of any vocabulary: a prompt_shm longer than n_ctx of these cannot fit.
 _MAX_BYTES_PER_TOKEN = 256
+
+
+def _with_messages(req: Request, n_ctx: int) -> dict:
+    """A chat body with its messages inline, read from ``messages_shm`` when they came that way."""
+    if "messages_shm" in req.body:
+        data = shm.take_bytes(req.body["messages_shm"], req.session, max_bytes=n_ctx * _MAX_BYTES_PER_TOKEN)
+        return {**req.body, "messages": decode_field("chat", "messages", data, req.id)}
+    if "messages" in req.body:
+        return req.body
+    raise ProtocolError(ErrorCode.BAD_REQUEST, "missing required field 'messages' (or 'messages_shm')")
 
 
 def _prompt_text(req: Request, n_ctx: int) -> str:
