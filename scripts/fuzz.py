@@ -195,7 +195,7 @@ class Services:
         else:
             service._handlers[req.type](req, emit)
         if req.type == "telemetry":
-            self.optimizer._ingest(timeout_s=0.001)  # on into the policy, as the controller thread does
+            self.optimizer.tuner.ingest(timeout_s=0.001)  # on into the policy, as the controller thread does
         if req.type == "tool.call" and isinstance(req.body.get("args"), dict):
             for template in SHELL_TEMPLATES:
                 try:
