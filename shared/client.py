@@ -521,8 +521,11 @@ class Client:
                 except StopAsyncIteration:
                     return
                 yield item
-        finally:
-            self._run(items.aclose())
+        finally:  # closing the async iterator sends the request's cancel, unless the client was closed first
+            if self._loop is not None and self._loop.is_running():  # the GC closed us inside another call
+                self._loop.create_task(items.aclose())
+            elif self._loop is not None:
+                self._loop.run_until_complete(items.aclose())
 
     def stream(self, msg_type: str, body: dict | None = None, session: str | None = None,
                request_id: str | None = None, retry: Retry | None = None) -> Iterator[Reply | Restart]:
