@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
@@ -407,9 +408,11 @@ class AsyncClient:
 
     async def request(self, msg_type: str, body: dict | None = None, session: str | None = None,
                       request_id: str | None = None, retry: Retry | None = None) -> dict:
-        async for item in self.stream(msg_type, body, session, request_id, retry):
-            if (final := _final_body(item)) is not None:
-                return final
+        """Send one request and return the final body."""
+        async with aclosing(self.stream(msg_type, body, session, request_id, retry)) as items:
+            async for item in items:
+                if (final := _final_body(item)) is not None:
+                    return final
         raise AssertionError("unreachable: a stream ends with its final reply or raises")
 
     async def health(self) -> dict:
@@ -504,6 +507,8 @@ class Client:
         """Drop the socket (and with it any queued or late frames); the next call opens a fresh one."""
         self._async.close()
         if self._loop is not None:
+            if pending := asyncio.all_tasks(self._loop):  # streams the GC closed meanwhile: let them finish
+                self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
             self._loop.close()
             self._loop = None
 
