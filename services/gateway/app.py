@@ -21,13 +21,14 @@ from prometheus_client import Histogram
 from pydantic import BaseModel
 from starlette.types import ASGIApp
 
-from services.gateway import completions, errors, resources
+from services.gateway import completions, errors, resources, responses
 from services.gateway.access import Gateway
 from services.gateway.middleware import Admission, BodyLimit, HostCheck, Observe
 from shared.protocol import PROTOCOL_VERSION
 
 #: The mesh message each API route becomes, for the per-type request metrics every service keeps.
 _ROUTE_TYPES = {"/v1/chat/completions": "chat", "/v1/completions": "generate", "/v1/embeddings": "embed",
+                "/v1/responses": "agent.run",
                 "/v1/feedback": "feedback", "/v1/models": "model.list", "/v1/models/{model}": "model.list"}
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 #: Host names of this box that a web page elsewhere cannot make its own (with gateway.host and allowed_hosts).
@@ -58,6 +59,7 @@ def create_app(gw: Gateway, beat: Callable[[], None], on_in_flight: Callable[[in
     errors.install(app, cfg.retry_after_s, gw.log)
     app.include_router(completions.router)
     app.include_router(resources.router)
+    responses.install(app, gw)
     _document(app, gw)
     def respond(err: errors.ApiError) -> ASGIApp:
         return errors.error_response(err, cfg.retry_after_s)
@@ -110,7 +112,7 @@ def _document(app: FastAPI, gw: Gateway) -> None:
                 "description": "an API key from scripts/keys api-key NAME; required once keys exist, and always "
                                "when the gateway listens beyond loopback"}}
             base["paths"]["/health"]["get"]["security"] = []
-            _document_streams(base, completions.STREAM_CHUNKS)
+            _document_streams(base, {**completions.STREAM_CHUNKS, **responses.STREAM_EVENTS})
         document = dict(base)
         if gw.auth_required():
             document["security"] = [{"bearer": []}]
