@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from pathlib import Path
 
@@ -93,9 +94,17 @@ def answer(response: dict) -> str:
 def busy(stack) -> tuple[int, int]:
     """Generations running in inference, and HTTP requests in flight at the open gateway."""
     with Client.for_service("inference", stack["config"], timeout_s=5) as c:
-        inference = c.health()["running"]
+        inference = c.health()["generations_in_flight"]
     with Client(stack["gateways"][0].endpoint, timeout_s=5) as c:
         return inference, c.health()["running"]
+
+
+def cancelled(stack) -> float:
+    """Generations inference ended because their client cancelled them."""
+    with Client.for_service("inference", stack["config"], timeout_s=5) as c:
+        text = c.request("metrics")["text"]
+    found = re.search(r'^magnitude_errors_total\{code="cancelled"\} (\S+)$', text, re.M)
+    return float(found[1]) if found else 0.0
 
 
 def test_a_configured_tool_task_streams_each_step_and_matches_the_in_process_agent(stack):
@@ -192,3 +201,16 @@ def test_a_waiting_run_is_its_callers_alone_and_expires(stack):
     expired = post(url, resume, keys["robot"])
     assert expired.status_code == 404 and "agent_wait_s" in expired.json()["error"]["message"]
     wait_for(lambda: busy(stack)[0] == 0, 10, "inference idle")
+
+
+def test_a_client_that_goes_away_cancels_the_run_and_its_generation(stack):
+    before = cancelled(stack)
+    body = {"input": "What is 4738 * 2961?", "stream": True}
+    with httpx.stream("POST", f"{stack['open']}/v1/responses", json=body, timeout=300) as response:
+        lines = response.iter_lines()  # held: a dropped iterator closes the connection at once
+        for line in lines:
+            if line.startswith("data:") and json.loads(line[5:]).get("item", {}).get("type") == "tool_call":
+                break  # the calculator ran: the step that answers comes next
+        wait_for(lambda: busy(stack)[0] == 1, 30, "the answering step generating")
+    wait_for(lambda: cancelled(stack) == before + 1, 10, "the generation in flight cancelled")
+    wait_for(lambda: busy(stack) == (0, 0), 10, "nothing left in flight")
