@@ -36,7 +36,7 @@ from starlette.requests import Request as HttpRequest
 from services.agent.loop import Request, _Run
 from services.gateway.access import Caller, Context, Gateway, scoped
 from services.gateway.completions import unless_disconnected
-from services.gateway.errors import ApiError, bad_request, documented, error_body, from_service_error
+from services.gateway.errors import ApiError, bad_request, documented, from_service_error
 from services.gateway.schemas import (
     FunctionCallItem,
     FunctionCallOutput,
@@ -291,12 +291,7 @@ async def _events(runs: Runs, run: AgentRun, response_id: str, created: int, pre
             yield event("response.output_item.done", output_index=len(output) - 1, item=item)
         response = _finish(runs, run, run.response(response_id, created, previous, output))
         finished = True
-        kind = {"completed": "response.completed", "requires_action": "response.requires_action",
-                "incomplete": "response.incomplete", "failed": "response.failed"}[response.status]
-        yield event(kind, response=response)
-    except ApiError as err:
-        runs.gw.log.warning("agent_stream_failed", id=response_id, status=err.status, code=err.code, error=err.message)
-        yield ServerSentEvent(data=json.dumps(error_body(err)))
+        yield event(f"response.{response.status}", response=response)
     finally:
         if not finished:
             run.end()
