@@ -22,10 +22,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from shared.protocol import (MAX_CALL_NAME_CHARS, MAX_DESCRIPTION_CHARS, MAX_EMBED_TEXTS, MAX_ERROR_REASON_CHARS,
-                             MAX_FEEDBACK_DETAILS_BYTES, MAX_HTTP_SESSION_CHARS, MAX_ID_CHARS, MAX_MEMORY_TEXT_CHARS, MAX_MESSAGES,
-                             MAX_MODEL_NAME_CHARS, MAX_PROMPT_CHARS, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS,
-                             MAX_TEMPERATURE, MAX_TOKENS, MAX_TOOL_CALLS, MAX_TOOL_NAME_CHARS, MAX_TOOLS, MAX_TOP_K,
-                             MAX_USER_CHARS, MAX_VECTOR_DIMS)
+                             MAX_FEEDBACK_DETAILS_BYTES, MAX_GOAL_CHARS, MAX_HTTP_SESSION_CHARS, MAX_ID_CHARS,
+                             MAX_MEMORY_TEXT_CHARS, MAX_MESSAGES, MAX_MODEL_NAME_CHARS, MAX_PROMPT_CHARS, MAX_SEED,
+                             MAX_STOP_CHARS, MAX_STOPS, MAX_TEMPERATURE, MAX_TOKENS, MAX_TOOL_CALLS,
+                             MAX_TOOL_NAME_CHARS, MAX_TOOLS, MAX_TOP_K, MAX_USER_CHARS, MAX_VECTOR_DIMS)
 
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
 
@@ -406,18 +406,10 @@ class ErrorResponse(_Reply):
 
 
 # --- the agent over HTTP: /v1/responses (OpenAI's Responses API, the parts an agent run needs) ---------------
-#: The longest goal a run takes (the context budget fits it into a quarter of n_ctx anyway).
-MAX_GOAL_CHARS = 1 << 16
-
-
-class FunctionTool(_Request):
-    """A tool the caller runs itself: the Responses API's flat function tool."""
+class FunctionTool(FunctionDefinition):
+    """A tool the caller runs itself: the Responses API's flat function tool (chat's definition, with its type)."""
 
     type: Literal["function"]
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = Field(None, max_length=4096)
-    parameters: JsonObject | None = Field(None, description="a JSON schema of the arguments object")
-    strict: bool | None = None
 
 
 class InputMessage(_Request):
@@ -430,8 +422,8 @@ class FunctionCallOutput(_Request):
     """What the caller's tool gave back for a ``function_call`` item of the previous response."""
 
     type: Literal["function_call_output"]
-    call_id: str = Field(min_length=1, max_length=128)
-    output: str = Field(max_length=1 << 20)
+    call_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    output: str = Field(max_length=MAX_PROMPT_CHARS)
 
 
 class ResponseRequest(_Request):
@@ -442,7 +434,7 @@ class ResponseRequest(_Request):
                     "function_call_output for the call its previous response handed out")
     tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS,
                                              description="tools the caller runs (besides agent.tools, run here)")
-    previous_response_id: str | None = Field(None, max_length=128,
+    previous_response_id: str | None = Field(None, max_length=MAX_ID_CHARS,
                                              description="resume the run that response left waiting for a call")
     stream: bool = False
 
