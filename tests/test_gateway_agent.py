@@ -131,6 +131,8 @@ def test_a_configured_tool_task_streams_each_step_and_matches_the_in_process_age
     assert [(c.name, c.arguments, c.output) for s in trace.steps for c in s.calls] == [
         (c["name"], c["arguments"], c["output"]) for c in calls]
     assert trace.answer == answer(final)
+    metrics = httpx.get(f"{stack['open']}/metrics").text
+    assert 'magnitude_http_requests_total{method="POST",route="/v1/responses",status="200"}' in metrics
 
 
 def test_a_caller_tool_comes_back_as_a_function_call_and_the_run_resumes_on_its_output(stack):

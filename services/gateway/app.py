@@ -28,7 +28,6 @@ from shared.protocol import PROTOCOL_VERSION
 
 #: The mesh message each API route becomes, for the per-type request metrics every service keeps.
 _ROUTE_TYPES = {"/v1/chat/completions": "chat", "/v1/completions": "generate", "/v1/embeddings": "embed",
-                "/v1/responses": "agent.run",
                 "/v1/feedback": "feedback", "/v1/models": "model.list", "/v1/models/{model}": "model.list"}
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 #: Host names of this box that a web page elsewhere cannot make its own (with gateway.host and allowed_hosts).
