@@ -144,7 +144,8 @@ def test_a_caller_tool_comes_back_as_a_function_call_and_the_run_resumes_on_its_
     call = waiting["output"][-1]
     assert call["type"] == "function_call" and call["name"] == "read_thermometer", call
     assert json.loads(call["arguments"]) == {"room": "kitchen"}
-    assert busy(stack) == (0, 0)  # a waiting run holds no generation and no request
+    # A waiting run holds no generation and no request (the count ends just after the response's last byte).
+    wait_for(lambda: busy(stack) == (0, 0), 5, "nothing held while the run waits")
 
     wrong = post(url, {"previous_response_id": waiting["id"],
                        "input": [{"type": "function_call_output", "call_id": "call_other", "output": "?"}]})
