@@ -63,6 +63,7 @@ from shared.config import Config, dump_config, parse_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY_LOCK = "/tmp/magnitude-heavy.lock"
+SYSTEMS = ("magnitude", "http", "peer")
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,6 @@ TASKS = [
     Task("mcp", "What is the robot's battery level at its dock right now?", ("97",)),
 ]
 KINDS = ("arithmetic", "file", "memory", "two_tools", "no_tool", "mcp")
-SYSTEMS = ("magnitude", "http", "peer")
 #: The MCP server the mcp tasks need, as a robot program would configure it.
 MCP_SERVER = {"name": "home", "command": [sys.executable, str(REPO / "examples" / "mcp" / "home_robot.py")],
               "roots": [str(REPO / "examples" / "mcp")]}
