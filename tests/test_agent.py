@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from magnitude.agent import Agent, AsyncAgent, Request, _mentions, _Run, submit_feedback
+from magnitude.agent import Agent, AsyncAgent, submit_feedback
+from services.agent.loop import Request, _mentions, _Run
 from shared.client import Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import REPO, ServiceProcess, make_config, write_config

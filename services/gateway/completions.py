@@ -107,7 +107,7 @@ async def _generate(http: Request, gw: Gateway, msg_type: str, body: dict, sessi
                     stream: bool):
     deadline = gw.upstreams.deadline()
     if not stream:
-        reply = await _unless_disconnected(http, gw.upstreams.request("inference", msg_type, body, session_id,
+        reply = await unless_disconnected(http, gw.upstreams.request("inference", msg_type, body, session_id,
                                                                       deadline))
         return shape.result(reply)
     frames = gw.upstreams.stream("inference", msg_type, body, session_id, deadline)
@@ -120,7 +120,7 @@ async def _generate(http: Request, gw: Gateway, msg_type: str, body: dict, sessi
 DISCONNECT_POLL_S = 0.25
 
 
-async def _unless_disconnected(http: Request, work: Awaitable[dict]) -> dict:
+async def unless_disconnected(http: Request, work: Awaitable[dict]) -> dict:
     """``work``'s result; if the HTTP client goes away first, ``work`` is cancelled (and with it the generation:
     the ZeroMQ client sends ``cancel``), and the request ends as 499, as nginx names a closed request."""
     task = asyncio.ensure_future(work)

@@ -22,10 +22,10 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
 from shared.protocol import (MAX_CALL_NAME_CHARS, MAX_DESCRIPTION_CHARS, MAX_EMBED_TEXTS, MAX_ERROR_REASON_CHARS,
-                             MAX_FEEDBACK_DETAILS_BYTES, MAX_HTTP_SESSION_CHARS, MAX_ID_CHARS, MAX_MEMORY_TEXT_CHARS, MAX_MESSAGES,
-                             MAX_MODEL_NAME_CHARS, MAX_PROMPT_CHARS, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS,
-                             MAX_TEMPERATURE, MAX_TOKENS, MAX_TOOL_CALLS, MAX_TOOL_NAME_CHARS, MAX_TOOLS, MAX_TOP_K,
-                             MAX_USER_CHARS, MAX_VECTOR_DIMS)
+                             MAX_FEEDBACK_DETAILS_BYTES, MAX_GOAL_CHARS, MAX_HTTP_SESSION_CHARS, MAX_ID_CHARS,
+                             MAX_MEMORY_TEXT_CHARS, MAX_MESSAGES, MAX_MODEL_NAME_CHARS, MAX_PROMPT_CHARS, MAX_SEED,
+                             MAX_STOP_CHARS, MAX_STOPS, MAX_TEMPERATURE, MAX_TOKENS, MAX_TOOL_CALLS,
+                             MAX_TOOL_NAME_CHARS, MAX_TOOLS, MAX_TOP_K, MAX_USER_CHARS, MAX_VECTOR_DIMS)
 
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
 
@@ -403,3 +403,117 @@ class ErrorDetail(_Reply):
 
 class ErrorResponse(_Reply):
     error: ErrorDetail
+
+
+# --- the agent over HTTP: /v1/responses (OpenAI's Responses API, the parts an agent run needs) ---------------
+class FunctionTool(FunctionDefinition):
+    """A tool the caller runs itself: the Responses API's flat function tool (chat's definition, with its type)."""
+
+    type: Literal["function"]
+
+
+class InputMessage(_Request):
+    type: Literal["message"] = "message"
+    role: Literal["user"]
+    content: Annotated[str, Field(min_length=1, max_length=MAX_GOAL_CHARS)]
+
+
+class FunctionCallOutput(_Request):
+    """What the caller's tool gave back for a ``function_call`` item of the previous response."""
+
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    output: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
+class ResponseRequest(_Request):
+    model: ModelName | None = Field(None, description="default: agent.model, else the engine's default model")
+    input: Annotated[str, Field(min_length=1, max_length=MAX_GOAL_CHARS)] | Annotated[
+        list[InputMessage | FunctionCallOutput], Field(min_length=1, max_length=1)] = Field(
+        description="a new run: the goal (a string, or one user message); a resumed run: the one "
+                    "function_call_output for the call its previous response handed out")
+    tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS,
+                                             description="tools the caller runs (besides agent.tools, run here)")
+    previous_response_id: str | None = Field(None, max_length=MAX_ID_CHARS,
+                                             description="resume the run that response left waiting for a call")
+    stream: bool = False
+
+
+class OutputText(_Reply):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class MessageItem(_Reply):
+    """The model's text at one step; the run's last one is its answer."""
+
+    type: Literal["message"] = "message"
+    id: str
+    role: Literal["assistant"] = "assistant"
+    status: Literal["completed"] = "completed"
+    content: list[OutputText]
+    step: int = Field(description="extension: the model turn it came from")
+
+
+class FunctionCallItem(_Reply):
+    """A call of a caller's tool: run it, and post its output with previous_response_id to resume the run."""
+
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str = Field(description="a JSON object, as a string")
+    status: Literal["completed"] = "completed"
+    step: int
+
+
+class ToolCallItem(_Reply):
+    """Extension: a call of a configured tool, run by the gateway, with its result (as OpenAI's server-side
+    tools report theirs), so a caller never runs it."""
+
+    type: Literal["tool_call"] = "tool_call"
+    id: str
+    name: str
+    arguments: str
+    output: str
+    error: str | None = None
+    status: Literal["completed", "failed"]
+    step: int
+
+
+OutputItem = Annotated[MessageItem | FunctionCallItem | ToolCallItem, Field(discriminator="type")]
+
+
+class ResponseError(_Reply):
+    code: str
+    message: str
+
+
+class IncompleteDetails(_Reply):
+    reason: Literal["max_iterations"]
+
+
+class Response(_Reply):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    model: str
+    status: Literal["in_progress", "completed", "requires_action", "incomplete", "failed"] = Field(
+        description="requires_action (extension, as OpenAI's Assistants name it): the last output item is a "
+                    "function_call waiting for its output")
+    output: list[OutputItem]
+    previous_response_id: str | None = None
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+
+
+class ResponseEvent(_Reply):
+    """One SSE event of a streamed run (its ``event:`` is its ``type``)."""
+
+    type: Literal["response.created", "response.output_item.done", "response.completed", "response.requires_action",
+                  "response.incomplete", "response.failed"]
+    sequence_number: int
+    response: Response | None = Field(None, description="in response.created and the last event")
+    output_index: int | None = Field(None, description="in response.output_item.done")
+    item: OutputItem | None = None
