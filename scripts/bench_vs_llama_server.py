@@ -346,6 +346,8 @@ def main() -> int:
     parser.add_argument("--only", choices=["magnitude", "llama-server"], help="run one side (no ratios)")
     parser.add_argument("--server", help="llama-server binary (default: build/cached by native/build_llama_server.sh)")
     parser.add_argument("--model", default=str(BENCH_MODEL))
+    parser.add_argument("--engine", nargs="+", default=[], metavar="KNOB=VALUE",
+                        help="Magnitude engine settings other than its defaults, e.g. spec_draft_tokens=8")
     parser.add_argument("--keep", metavar="DIR", help="keep both sides' logs in DIR (default: a temporary folder)")
     parser.add_argument("--max-foreign", type=float, default=0.25,
                         help="a run during which other processes used more CPU cores than this is repeated")
@@ -357,7 +359,11 @@ def main() -> int:
         home = Path(args.keep or tmp)
         home.mkdir(parents=True, exist_ok=True)
         if args.only != "llama-server":
-            backends.append(MagnitudeBackend(Path(args.model), home, args.threads, args.n_ctx))
+            engine = {}
+            for item in args.engine:
+                knob, _, value = item.partition("=")
+                engine[knob] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
+            backends.append(MagnitudeBackend(Path(args.model), home, args.threads, args.n_ctx, engine))
         if args.only != "magnitude":
             binary = args.server or build_server()
             version = subprocess.run([binary, "--version"], capture_output=True, text=True)
