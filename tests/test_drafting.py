@@ -68,10 +68,13 @@ def test_long_drafts_where_they_are_nearly_always_right():
 
 
 def test_a_session_that_stopped_drafting_drifts_back_to_trying():
-    length, costs = DraftLength(), cpu_like_costs()
+    length, costs = DraftLength(prior=0.75), cpu_like_costs()
+    assert length.choose(8, costs, batch=1, gaining=1) > 0  # a long match is worth trying from the start
     for _ in range(10):
         length.observe(4, 0)
     assert length.choose(8, costs, batch=1, gaining=1) == 0
-    for _ in range(60):
+    for _ in range(200):
         length.rest()
-    assert abs(length.p - 0.5) < 0.01  # back at the prior
+    assert abs(length.p - 0.75) < 0.01  # back at the prior
+    assert length.choose(8, costs, batch=1, gaining=1) > 0
+

@@ -95,13 +95,15 @@ class StepCosts:
 class DraftLength:
     """The draft length that maximizes a session's expected tokens per second of decoding.
 
-    Acceptance is modelled per token: each draft is right with chance ``p`` given the ones before it were
-    (measured on this session's own drafts, recent ones weigh more; steps without drafts drift it back
-    towards the prior, so a session that stopped drafting tries again later)."""
+    Acceptance is modelled per token: each draft is right with chance ``p`` given the ones before it were,
+    measured on this session's own drafts (recent ones weigh more), starting from ``prior``: drafts found
+    by a longer n-gram match are right more often, so the scheduler starts a match of n tokens at
+    n / (n + 2). Steps without drafts drift ``p`` slowly back towards the prior, so a session that stopped
+    drafting tries again later."""
 
-    def __init__(self, decay: float = 0.9):
-        self.decay = decay
-        self._right = 1.0  # prior: p = 0.5 (a Beta(1, 1), as pseudo-counts)
+    def __init__(self, prior: float = 0.5, decay: float = 0.9):
+        self.prior, self.decay = prior, decay
+        self._right = 2 * prior  # the prior as pseudo-counts: 2 drafts, 2 * prior of them right
         self._tries = 2.0
 
     @property
@@ -112,10 +114,10 @@ class DraftLength:
         self._right = self.decay * self._right + accepted
         self._tries = self.decay * self._tries + accepted + (accepted < drafted)
 
-    def rest(self) -> None:
-        """A step without drafts: forget a little."""
-        self._right = self.decay * self._right + (1 - self.decay) * 1.0
-        self._tries = self.decay * self._tries + (1 - self.decay) * 2.0
+    def rest(self, keep: float = 0.97) -> None:
+        """A step where no draft paid: forget a little (slowly: each retry costs a bigger step that loses)."""
+        self._right = keep * self._right + (1 - keep) * 2 * self.prior
+        self._tries = keep * self._tries + (1 - keep) * 2.0
 
     def choose(self, most: int, costs: StepCosts, batch: int, gaining: int) -> int:
         """Drafts for this session, at most ``most``, in a step that already holds ``batch`` tokens of which

@@ -428,7 +428,8 @@ class Scheduler:
         t.ngrams.extend(t.slot.tokens)
         drafts, t.step_match = t.ngrams.propose([t.pending] + forced, k)
         if drafts:
-            length = t.draft_lengths.setdefault(t.step_match, DraftLength())
+            n = t.step_match
+            length = t.draft_lengths.setdefault(n, DraftLength(prior=n / (n + 2)))
             k = length.choose(len(drafts), engine.step_costs, batch + len(forced), decoders + len(forced))
             if not k:
                 length.rest()
