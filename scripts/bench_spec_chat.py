@@ -87,7 +87,7 @@ def _calculate(expression: str) -> str:
         return f"error: {err}"
 
 
-def _run_tool(name: str, args: dict) -> str:
+def run_tool(name: str, args: dict) -> str:
     if name == "read_file":
         return FILES.get(str(args.get("path")), "error: no such file")
     if name == "write_file":
@@ -113,7 +113,7 @@ def run_trace(client, task: str, session: str, max_steps: int) -> list[dict]:
             except ValueError:
                 args = {}
             messages.append({"role": "tool", "tool_call_id": call["id"],
-                             "content": call.get("error") or _run_tool(call["function"]["name"], args)})
+                             "content": call.get("error") or run_tool(call["function"]["name"], args)})
     client.request("session.drop", session=session)
     return steps
 

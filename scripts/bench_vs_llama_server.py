@@ -130,8 +130,10 @@ class CpuWatch:
 class MagnitudeBackend:
     name = "magnitude"
 
-    def __init__(self, model: Path, home: Path, threads: int, n_ctx: int):
+    def __init__(self, model: Path, home: Path, threads: int, n_ctx: int, engine: dict | None = None):
+        """``engine``: more engine settings (e.g. drafting) on top of the side-by-side ones."""
         self.model, self.home, self.threads, self.n_ctx = model, home, threads, n_ctx
+        self.engine = engine or {}
         self.config = None
         self.local = threading.local()
         self.clients: list[Client] = []
@@ -141,7 +143,8 @@ class MagnitudeBackend:
         home = self.home / tag  # its own data folder: no sessions saved by an earlier run
         home.mkdir()
         self.config, client = start_inference(home, tag, {
-            "model_path": str(self.model), "session_slots": slots, "n_ctx": self.n_ctx, "n_threads": self.threads, "self_optimize": False})
+            "model_path": str(self.model), "session_slots": slots, "n_ctx": self.n_ctx, "n_threads": self.threads, "self_optimize": False,
+            **self.engine})
         self.pid = client.health()["pid"]
         client.close()
         self.local = threading.local()
@@ -152,10 +155,11 @@ class MagnitudeBackend:
             self.clients.append(self.local.client)
         return self.local.client
 
-    def complete(self, agent: int, prompt: str, max_tokens: int) -> Sample:
+    def complete(self, agent: int, prompt: str, max_tokens: int, session: str | None = None) -> Sample:
+        """``session``: the session id (default: one per agent)."""
         timer = Timer()
         result = None
-        for piece in self._client().generate_stream(prompt, f"agent-{agent}", max_tokens=max_tokens,
+        for piece in self._client().generate_stream(prompt, session or f"agent-{agent}", max_tokens=max_tokens,
                                                     temperature=0):
             if isinstance(piece, GenerateResult):
                 result = piece
@@ -173,8 +177,10 @@ class MagnitudeBackend:
 class ServerBackend:
     name = "llama-server"
 
-    def __init__(self, binary: str, model: Path, home: Path, threads: int, n_ctx: int):
+    def __init__(self, binary: str, model: Path, home: Path, threads: int, n_ctx: int, extra: list[str] = ()):
+        """``extra``: more command-line arguments (e.g. a speculative decoding mode)."""
         self.binary, self.model, self.home, self.threads, self.n_ctx = binary, model, home, threads, n_ctx
+        self.extra = list(extra)
         self.proc: subprocess.Popen | None = None
         self.port = 0
         self.pid = 0
@@ -187,7 +193,7 @@ class ServerBackend:
         self.proc = subprocess.Popen(
             [self.binary, "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
              "-t", str(self.threads), "-tb", str(self.threads), "-np", str(slots), "-c", str(self.n_ctx * slots),
-             "--no-webui"], stdout=log, stderr=subprocess.STDOUT)
+             "--no-webui", *self.extra], stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -205,7 +211,8 @@ class ServerBackend:
             sys.exit("llama-server did not become healthy in 120 s")
         self.pid = self.proc.pid
 
-    def complete(self, agent: int, prompt: str, max_tokens: int) -> Sample:
+    def complete(self, agent: int, prompt: str, max_tokens: int, session: str | None = None) -> Sample:
+        """``session`` is Magnitude's business: here the agent's slot keeps its cache."""
         body = json.dumps({"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "stream": True,
                            "cache_prompt": True, "id_slot": agent})
         timer = Timer()
@@ -339,6 +346,8 @@ def main() -> int:
     parser.add_argument("--only", choices=["magnitude", "llama-server"], help="run one side (no ratios)")
     parser.add_argument("--server", help="llama-server binary (default: build/cached by native/build_llama_server.sh)")
     parser.add_argument("--model", default=str(BENCH_MODEL))
+    parser.add_argument("--engine", nargs="+", default=[], metavar="KNOB=VALUE",
+                        help="Magnitude engine settings other than its defaults, e.g. spec_draft_tokens=8")
     parser.add_argument("--keep", metavar="DIR", help="keep both sides' logs in DIR (default: a temporary folder)")
     parser.add_argument("--max-foreign", type=float, default=0.25,
                         help="a run during which other processes used more CPU cores than this is repeated")
@@ -350,7 +359,11 @@ def main() -> int:
         home = Path(args.keep or tmp)
         home.mkdir(parents=True, exist_ok=True)
         if args.only != "llama-server":
-            backends.append(MagnitudeBackend(Path(args.model), home, args.threads, args.n_ctx))
+            engine = {}
+            for item in args.engine:
+                knob, _, value = item.partition("=")
+                engine[knob] = json.loads(value) if value[:1].isdigit() or value in ("true", "false") else value
+            backends.append(MagnitudeBackend(Path(args.model), home, args.threads, args.n_ctx, engine))
         if args.only != "magnitude":
             binary = args.server or build_server()
             version = subprocess.run([binary, "--version"], capture_output=True, text=True)

@@ -69,9 +69,11 @@ def test_bad_settings_are_refused_and_change_nothing(client, settings, says):
     assert client.health()["settings_id"] == before
 
 
-# The grammar leaves the second number free: what a grammar forces is decoded as forced tokens whatever the
-# setting, so only free text is left for the drafts to guess.
-@pytest.mark.parametrize("grammar", [None, 'root ::= [0-9]+ " * " [0-9]+ "\\"}}"'])
+# The grammar leaves the numbers and the tool's name free: what a grammar forces is decoded as forced tokens
+# whatever the setting, so only free text is left for the drafts to guess (enough of it that drafts pay).
+@pytest.mark.parametrize("grammar", [None, 'root ::= [0-9]+ " * " [0-9]+ "\\"}}\\n{\\"step\\": " [0-9]+ '
+                                           '", \\"tool\\": \\"" [a-z]+ "\\", \\"args\\": {\\"expression\\": \\"" '
+                                           '[0-9]+ " * " [0-9]+ "\\"}}"'])
 def test_speculative_drafting_gives_the_same_text_with_fewer_decode_steps(client, grammar):
     plain = client.generate(REPETITIVE, max_tokens=60, temperature=0, grammar=grammar)
     configure(client, spec_draft_tokens=8)

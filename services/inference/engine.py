@@ -25,7 +25,7 @@ from llama_cpp import _internals
 
 from shared.config import KNOBS, REBUILD_KNOBS, EngineConfig
 from shared.protocol import ErrorCode, ProtocolError
-from services.inference.drafting import DraftModel
+from services.inference.drafting import DraftModel, StepCosts
 from services.inference.session_store import SessionStore
 from services.inference.sessions import SessionTable
 
@@ -123,6 +123,7 @@ class Engine:
             cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED  # quantized V needs it
         self.ctx = _internals.LlamaContext(model=self.model, params=cparams, verbose=False)
         self._batch = llama_cpp.llama_batch_init(cfg.max_batch_size, 0, 1)
+        self.step_costs = StepCosts(cfg.max_batch_size)  # measured by the scheduler, for draft lengths
         store = None
         if self.sessions_dir is not None and cfg.session_disk_mb > 0:
             store = SessionStore(self.sessions_dir, self.fingerprint(), cfg.session_disk_mb * 2**20)

@@ -51,7 +51,7 @@ import structlog
 
 from shared.config import EngineConfig
 from shared.protocol import ErrorCode, ProtocolError
-from services.inference.drafting import prompt_lookup
+from services.inference.drafting import DraftLength, NgramIndex
 from services.inference.engine import Engine
 from services.inference.models import ModelPool
 from services.inference.constraint import Constraint, LlamaGrammar
@@ -133,6 +133,10 @@ class Task:
     accepted: int = 0  # ... and confirmed by the model
     forced: int = 0  # tokens the constraint forced, decoded as drafts (never sampled)
     step_forced: int = 0  # how many of this step's drafts were forced ones
+    ngrams: NgramIndex | None = None  # its context's n-grams, for drafting by lookup
+    #: How many drafts pay, from its acceptance of drafts found by an n-gram match of each length n.
+    draft_lengths: dict[int, DraftLength] = field(default_factory=dict)
+    step_match: int = 0  # the n-gram length this step's speculative drafts were found with
     peak_batch: int = 0  # most generations decoded in one step together with this one (itself included)
     last_step: int = 0  # the step that last decoded its token
     ttft: float | None = None
@@ -335,7 +339,8 @@ class Scheduler:
         plan: list[tuple[Task, list[int]]] = []
         for t in decoders:
             try:
-                drafts = self._drafts(engine, t, max(min(room, t.max_tokens - t.generated - 1), 0))
+                drafts = self._drafts(engine, t, max(min(room, t.max_tokens - t.generated - 1), 0),
+                                      budget - room, len(decoders))
             except Exception as exc:  # its constraint or drafter failed: that request, not the step
                 self._fail(t, exc)
                 continue
@@ -355,8 +360,10 @@ class Scheduler:
                 t.slot.tokens = []
                 self._fail(t, exc)
             return
+        seconds = time.perf_counter() - t0
+        engine.step_costs.observe(sum(len(tokens) for _, tokens in plan), seconds)
         c = self.counters
-        c["decode_s"] += time.perf_counter() - t0
+        c["decode_s"] += seconds
         c["steps"] += 1
         for t in decoders:
             t.last_step = c["steps"]
@@ -386,7 +393,7 @@ class Scheduler:
         t.peak_batch = max(t.peak_batch, batch)
         t.slot.tokens.append(tokens[0])
         drafts = tokens[1:]
-        t.drafted += len(drafts) - t.step_forced
+        accepted = 0  # speculative drafts confirmed
         for i in range(len(drafts) + 1):
             token = t.sampler.sample(first + i)
             self._take(t, token)
@@ -396,22 +403,37 @@ class Scheduler:
             if i < t.step_forced:
                 t.forced += 1
             else:
-                t.accepted += 1
+                accepted += 1
+        speculative = len(drafts) - t.step_forced
+        t.drafted += speculative
+        t.accepted += accepted
+        if speculative and t.step_match:
+            t.draft_lengths[t.step_match].observe(speculative, accepted)
         if drafts:  # drop the KV of rejected drafts (and of any past where the generation ended)
             t.engine.trim_seq(t.slot.seq_id, len(t.slot.tokens))
 
-    def _drafts(self, engine: Engine, t: Task, limit: int) -> list[int]:
+    def _drafts(self, engine: Engine, t: Task, limit: int, batch: int, decoders: int) -> list[int]:
         """Up to ``limit`` tokens to follow the task's pending one: those its constraint forces, whatever the
-        settings, then up to ``spec_draft_tokens`` speculative ones."""
+        settings, then up to ``spec_draft_tokens`` speculative ones; by lookup, as many as its measured
+        acceptance says pay in a step of ``batch`` tokens that brings ``decoders`` tokens (``DraftLength``)."""
         forced = t.sampler.forced()[:limit]
-        t.step_forced = len(forced)
+        t.step_forced, t.step_match = len(forced), 0
         k = min(engine.cfg.spec_draft_tokens, limit - len(forced))
         if k <= 0:
             return forced
-        history = t.slot.tokens + [t.pending] + forced
         if engine.cfg.spec_drafter == "model":
-            return forced + engine.drafter.propose(t.slot.seq_id, history, k)
-        return forced + prompt_lookup(history, k, engine.cfg.spec_ngram_size)
+            return forced + engine.drafter.propose(t.slot.seq_id, t.slot.tokens + [t.pending] + forced, k)
+        if t.ngrams is None:
+            t.ngrams = NgramIndex(engine.cfg.spec_ngram_size)
+        t.ngrams.extend(t.slot.tokens)
+        drafts, t.step_match = t.ngrams.propose([t.pending] + forced, k)
+        if drafts:
+            n = t.step_match
+            length = t.draft_lengths.setdefault(n, DraftLength(prior=n / (n + 2)))
+            k = length.choose(len(drafts), engine.step_costs, batch + len(forced), decoders + len(forced))
+            if not k:
+                length.rest()
+        return forced + drafts[:k]
 
     def _take(self, t: Task, token: int) -> None:
         """Stream and account one sampled token; it becomes the pending one unless the generation ends."""

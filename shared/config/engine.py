@@ -27,9 +27,11 @@ class EngineConfig(Section):
                                  "on drain and restored after a restart; least recently used go; 0 = off")
     prefix_sharing: bool = Field(True, description="copy a prompt prefix's KV from another sequence that holds it "
                                  "(shared system prompts) instead of computing it again")
-    spec_draft_tokens: int = Field(0, ge=0, le=32, description="prompt-lookup draft tokens per decode step "
-                                                                "(speculative decoding); 0 = off")
-    spec_ngram_size: int = Field(2, ge=1, le=8, description="tokens matched to find a draft in the context")
+    spec_draft_tokens: int = Field(0, ge=0, le=32, description="most draft tokens per decode step (speculative "
+                                   "decoding; by lookup, fewer where the session's acceptance says they do not "
+                                   "pay); 0 = off")
+    spec_ngram_size: int = Field(6, ge=1, le=16, description="longest n-gram matched to find drafts in the "
+                                 "session's context (then shorter ones, down to 2)")
     spec_drafter: Literal["lookup", "model"] = Field("lookup", description="where drafts come from: prompt "
                                                      "lookup in the context, or draft_model_path's model")
     draft_model_path: Path | None = Field(None, description="small GGUF with the same vocabulary, for "

@@ -1,0 +1,80 @@
+"""Drafting by n-gram lookup and the choice of draft length: pure logic, no model."""
+
+from services.inference.drafting import DraftLength, NgramIndex, StepCosts
+
+
+def test_the_index_proposes_what_followed_the_latest_occurrence_of_the_last_n_tokens():
+    index = NgramIndex(3, shortest=3)
+    tokens = [1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 0]
+    index.extend(tokens)
+    assert index.propose([1, 2, 3], 4) == ([7, 8, 0, 1], 3)  # the latest 1 2 3 was followed by 7 8 0, then the tail
+    assert index.propose([6], 2) == ([], 0)  # 8 0 6 never occurred
+    index = NgramIndex(3, shortest=3)
+    index.extend([1, 2, 3, 4, 5, 9, 1, 2])
+    assert index.propose([3], 2) == ([4, 5], 3)  # 1 2 3: the last indexed tokens and the tail form the key
+
+
+def test_the_longest_match_wins_and_a_shorter_one_is_the_fallback():
+    index = NgramIndex(4, shortest=2)
+    index.extend([7, 1, 2, 3, 4, 9, 2, 3, 5, 1])
+    assert index.propose([2, 3], 1) == ([4], 3)  # 1 2 3 occurred (then 4); 2 3 alone last led to 5
+    assert index.propose([8, 2, 3], 1) == ([5], 2)  # 8 2 3 never did: the latest 2 3
+
+
+def test_the_index_grows_with_the_list_it_was_given_and_indexes_each_token_once():
+    tokens = [5, 6, 7]
+    index = NgramIndex(2)
+    index.extend(tokens)
+    assert index.propose([5], 3) == ([], 0)  # 7 5 never occurred
+    tokens += [5, 6, 7, 8]  # the same list, grown (a task's confirmed tokens)
+    index.extend(tokens)
+    assert index.propose([5, 6], 3) == ([7, 8, 5], 2)  # 5 6 last occurred late: what followed it, then the tail
+
+
+def test_step_costs_interpolate_and_extrapolate_what_was_not_measured():
+    costs = StepCosts(32)
+    assert costs(4) == 0.0  # nothing measured
+    costs.observe(1, 0.08)
+    costs.observe(9, 0.24)
+    assert costs(1) == 0.08 and costs(9) == 0.24
+    assert abs(costs(5) - 0.16) < 1e-9
+    assert abs(costs(11) - (0.24 + 2 * 0.008)) < 1e-9  # 10% of one token's step per token, optimistic
+    costs.observe(1, 0.18)
+    assert abs(costs(1) - 0.10) < 1e-9  # a moving average
+
+
+def cpu_like_costs() -> StepCosts:
+    """A 1.5B model on 2 threads: 1 + k tokens cost 1.5x for k = 1, about 3x for k = 8."""
+    costs = StepCosts(64)
+    for n, ms in [(1, 88), (2, 129), (3, 167), (5, 187), (9, 274), (17, 370)]:
+        costs.observe(n, ms / 1000)
+    return costs
+
+
+def test_no_drafts_where_acceptance_does_not_pay_for_the_bigger_step():
+    length, costs = DraftLength(), cpu_like_costs()
+    for _ in range(10):
+        length.observe(4, 0)  # the first draft wrong every time
+    assert length.choose(8, costs, batch=1, gaining=1) == 0
+
+
+def test_long_drafts_where_they_are_nearly_always_right():
+    length, costs = DraftLength(), cpu_like_costs()
+    for _ in range(20):
+        length.observe(8, 8)
+    assert length.p > 0.95
+    assert length.choose(8, costs, batch=1, gaining=1) == 8
+    assert length.choose(3, costs, batch=1, gaining=1) == 3  # no more than the lookup found
+
+
+def test_a_session_that_stopped_drafting_drifts_back_to_trying():
+    length, costs = DraftLength(prior=0.75), cpu_like_costs()
+    assert length.choose(8, costs, batch=1, gaining=1) > 0  # a long match is worth trying from the start
+    for _ in range(10):
+        length.observe(4, 0)
+    assert length.choose(8, costs, batch=1, gaining=1) == 0
+    for _ in range(200):
+        length.rest()
+    assert abs(length.p - 0.75) < 0.01  # back at the prior
+    assert length.choose(8, costs, batch=1, gaining=1) > 0
+
