@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""Speed of every pulled catalog model on this box, side by side in one run: load, prefill, decode.
+"""Speed and memory of every pulled catalog model on this box, side by side in one run: load, prefill,
+decode, resident memory.
 
 Each model gets the same agent-like chat turn (a system prompt, two tools, a question) through
 the engine in this process, at temperature 0: the prompt is prefilled cold, then up to
 ``--max-tokens`` tokens are decoded free. A base model without a chat template gets the same
-text as a plain prompt. Medians of ``--reps`` runs.
+text as a plain prompt. Medians of ``--reps`` runs. Resident memory is what this process gained
+from loading the model to the end of its runs (weights paged in, the 4096-token KV cache, compute
+buffers): what a board must hold for the engine with that model, beside the other services.
 
     .venv/bin/python scripts/bench_models.py [--reps 3] [--max-tokens 128] [--models a,b]
 """
@@ -16,6 +19,8 @@ import statistics
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -39,6 +44,8 @@ MESSAGES = [{"role": "system", "content": "You are the planner of a household ro
 
 def measure(name: str, reps: int, max_tokens: int) -> dict:
     model = catalog.get(name)
+    process = psutil.Process()
+    rss_before = process.memory_info().rss
     t0 = time.perf_counter()
     scheduler = Scheduler.of_one_model(parse_config({"engine": {"model_path": str(model.path()), "n_ctx": 4096,
                                                                 "session_slots": 1}}).engine)
@@ -51,12 +58,13 @@ def measure(name: str, reps: int, max_tokens: int) -> dict:
         except ProtocolError:  # a base model: the same words as a plain prompt
             prompt = "\n".join(m["content"] for m in MESSAGES) + "\n"
         runs = [scheduler.complete(prompt, GenerateParams(max_tokens=max_tokens)) for _ in range(reps)]
+        resident_mib = (process.memory_info().rss - rss_before) / 2**20
     finally:
         scheduler.models.close()
     return {"load_s": round(load_s, 2), "prompt": runs[0]["prompt_tokens"],
             "prefill": statistics.median(r["prefill_tps"] for r in runs),
             "decode": statistics.median(r["decode_tps"] for r in runs),
-            "tokens": runs[0]["completion_tokens"]}
+            "tokens": runs[0]["completion_tokens"], "resident_mib": round(resident_mib)}
 
 
 def main() -> int:
@@ -72,11 +80,11 @@ def main() -> int:
         rows[name] = measure(name, args.reps, args.max_tokens)
         print(f"{name}: {rows[name]}", file=sys.stderr, flush=True)
     print(f"\nmedian of {args.reps}; prompt prefilled cold; up to {args.max_tokens} tokens decoded; temperature 0")
-    print("| model | file | load s | prompt tokens | prefill tok/s | decode tok/s |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print("| model | file | resident | load s | prompt tokens | prefill tok/s | decode tok/s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for name, r in rows.items():
-        print(f"| {name} | {catalog.get(name).size / 2**20:.0f} MiB | {r['load_s']} | {r['prompt']} | "
-              f"{r['prefill']:.1f} | {r['decode']:.1f} |")
+        print(f"| {name} | {catalog.get(name).size / 2**20:.0f} MiB | {r['resident_mib']} MiB | {r['load_s']} | "
+              f"{r['prompt']} | {r['prefill']:.1f} | {r['decode']:.1f} |")
     return 0
 
 

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from services.inference.prepare import Lexicon
 from shared import catalog
+from tests.conftest import require_model
 
 
 def _wheel(folder: Path, package: str, member: str, data: bytes) -> Path:
@@ -82,8 +84,27 @@ def test_unknown_model_names_the_known_ones():
 def test_catalog_pins_every_package_and_the_defaults_are_in_it():
     for model in catalog.CATALOG.values():
         assert all("==" in p for p in model.packages) and len(model.sha256) == 64
+        assert int(model.sha256, 16) >= 0 and model.sha256 == model.sha256.lower()
+        assert model.file.endswith(".gguf") and model.size > 0 and model.license and model.family
+        assert model.chat_template in ("tools", "chat", "none")
+    assert len({m.file for m in catalog.CATALOG.values()}) == len(catalog.CATALOG), "two models share a file"
     assert catalog.DEFAULT_AGENT_MODEL in catalog.CATALOG and catalog.TEST_CHAT_MODEL in catalog.CATALOG
     assert set(catalog.SETUP_MODELS) <= set(catalog.CATALOG)
+    # the agent and the chat tests call tools: their models' own templates must render them
+    assert catalog.get(catalog.DEFAULT_AGENT_MODEL).chat_template == "tools"
+    assert catalog.get(catalog.TEST_CHAT_MODEL).chat_template == "tools"
+
+
+@pytest.mark.parametrize("name", catalog.SETUP_MODELS)
+def test_the_catalog_says_what_template_each_file_holds(name):
+    """``chat_template`` decides whether ``chat`` may run a model and whether tools are taught in the system
+    message: it must match the GGUF's own template (read with the vocabulary only, no weights)."""
+    model = catalog.get(name)
+    require_model(model.path())
+    template = Lexicon(name, model.path()).model.metadata().get("tokenizer.chat_template")
+    assert (template is None) == (model.chat_template == "none")
+    if template is not None:
+        assert ("tools" in template) == (model.chat_template == "tools")
 
 
 def test_models_cli_lists_the_catalog_and_refuses_unknown_names(tmp_path, capsys):
