@@ -46,7 +46,7 @@ SYSTEM_PROMPT = ("You are an assistant that completes the user's task. Call a to
 _NEXT = ("{note}\nIf a step of the task is still missing (arithmetic: never in your head; another file or "
          "memory), call the tool for it. Otherwise reply with the answer now.")
 #: A candidate answer that the working memory does not back: it is sent back once or twice, with why.
-_NOT_YET = "{note}\nThat does not answer the task yet: {reasons}. Call the tool for the missing step."
+_NOT_YET = "{note}\nYour last reply did not answer the task yet: {reasons}. Call the tool for the missing step."
 #: A repeated call's result, the first time: small models repeat a lookup instead of taking the next step.
 _REPEATED = "{output}\n(This call was made before; this is its result again. Do not repeat it.)"
 _SUMMARY_PROMPT = ("Summarize the conversation above in a few sentences. Keep every name, number, file name and "
@@ -138,16 +138,16 @@ def _named(tool: str) -> dict:
     return {"type": "function", "function": {"name": tool}}
 
 
-def _reader(specs: list[dict], memory: WorkingMemory) -> str | dict:
+def _reader(specs: list[dict], memory: WorkingMemory) -> str | dict | None:
     """The tool_choice that reads a file: the tool an earlier call gave a path, else one with a path-like
-    parameter, else any tool ("required")."""
+    parameter, else none (the model picks)."""
     for tool, arguments, _ in memory.facts:
         if PATH.search(arguments):
             return _named(tool)
     for spec in specs:
         if any(p in ("path", "file", "filename") for p in spec["function"]["parameters"].get("properties", {})):
             return _named(spec["function"]["name"])
-    return "required"
+    return None
 
 
 def tool_specs(tools: list[dict]) -> list[dict]:
@@ -213,7 +213,7 @@ class _Run:
                 choice = "none" if answer_now or index == self.max_iterations else "auto"
                 if forced and choice == "auto":
                     choice = _named(forced)
-                elif insist and choice == "auto":  # after a rejected answer: a call, to the reader for a file
+                elif insist and choice == "auto":  # after an answer that named an unread file: the reader
                     choice = insist
                 insist = None
                 reply = yield self._ask("inference", "chat", self._chat_body(built.messages, specs, choice))
@@ -234,12 +234,11 @@ class _Run:
                     continue
                 forced = forced and ""  # a named call is asked for once
                 reasons = memory.unmet(step.content) if not calls and checks and choice != "none" else []
-                if reasons:  # a candidate answer the working memory does not back: back, with what is missing
-                    checks -= 1
+                if reasons:  # a candidate answer the working memory does not back: asked again, with what is missing
+                    checks -= 1  # (the answer itself stays out of the history: the model would copy it next time)
                     step.rejected = "; ".join(reasons)
-                    history += [Turn("assistant", step.content),
-                                Turn("user", _NOT_YET.format(note=memory.note(), reasons=step.rejected))]
-                    insist = _reader(specs, memory) if memory.unread() else "required"
+                    history.append(Turn("user", _NOT_YET.format(note=memory.note(), reasons=step.rejected)))
+                    insist = _reader(specs, memory) if memory.unread(trace.goal, step.content) else None
                     continue
                 if not calls:
                     trace.answer, trace.stopped = step.content, "final_answer"

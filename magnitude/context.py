@@ -313,10 +313,10 @@ class WorkingMemory:
     def add(self, tool: str, arguments: str, result: str) -> None:
         self.facts.append((tool, arguments, result))
 
-    def unread(self) -> list[str]:
-        """Files the goal or a result names that no call has been given yet (in the order they were named)."""
-        asked = " ".join(arguments for _, arguments, _ in self.facts)
-        named = PATH.findall(" ".join([self.goal, *(result for _, _, result in self.facts)]))
+    def unread(self, *texts: str) -> list[str]:
+        """Files ``texts`` name (default: the goal and every result) that no call has been given yet."""
+        asked = set(PATH.findall(" ".join(arguments for _, arguments, _ in self.facts)))  # whole names only
+        named = PATH.findall(" ".join(texts or [self.goal, *(result for _, _, result in self.facts)]))
         return [path for path in dict.fromkeys(named) if path not in asked]
 
     def invented(self, answer: str) -> list[str]:
@@ -331,8 +331,9 @@ class WorkingMemory:
         return list(dict.fromkeys(w for w, v in _values(answer) if not grounded(w, v)))
 
     def unmet(self, answer: str) -> list[str]:
-        """Why ``answer`` does not finish the task yet; empty when it may stand."""
-        reasons = [f"{path} has not been read yet" for path in self.unread()]
+        """Why ``answer`` does not finish the task yet; empty when it may stand. A file counts when the goal or
+        the answer names it (an index of files names others the task does not need)."""
+        reasons = [f"{path} has not been read yet" for path in self.unread(self.goal, answer)]
         if invented := self.invented(answer):
             reasons.append(f"{', '.join(invented)} {'was' if len(invented) == 1 else 'were'} not read or computed "
                            "with a tool; compute with a tool")
@@ -347,5 +348,5 @@ class WorkingMemory:
                 flat = " / ".join(line.strip() for line in result.strip().splitlines() if line.strip())
                 lines.append(f"- {tool} {arguments} -> {flat[:FACT_CHARS]}{'...' if len(flat) > FACT_CHARS else ''}")
         if unread := self.unread():
-            lines.append(f"Still needed: the contents of {', '.join(unread)} (named, not read yet).")
+            lines.append(f"Not read yet: {', '.join(unread)}.")
         return "\n".join(lines)

@@ -126,6 +126,9 @@ def test_transcript_names_the_roles():
 def test_working_memory_names_the_files_still_to_read_and_restates_each_result():
     memory = WorkingMemory("My bike lock code is in the file that todo.txt points to. What is the code?")
     assert memory.unread() == ["todo.txt"]
+    other = WorkingMemory(memory.goal)
+    other.add("file_reader", '{"path": "my_todo.txt"}', "Error: not_found: my_todo.txt")
+    assert other.unread() == ["todo.txt"]  # another file whose name ends the same is not it
     memory.add("file_reader", '{"path": "todo.txt"}', "Buy stamps\nThe bike lock code is in notes/bike.txt\n")
     assert memory.unread() == ["notes/bike.txt"]  # the goal's file is read; the one it names is not
     note = memory.note()
@@ -133,11 +136,14 @@ def test_working_memory_names_the_files_still_to_read_and_restates_each_result()
         "Task: My bike lock code is in the file that todo.txt points to. What is the code?",
         "Found so far:",
         '- file_reader {"path": "todo.txt"} -> Buy stamps / The bike lock code is in notes/bike.txt',
-        "Still needed: the contents of notes/bike.txt (named, not read yet)."]
+        "Not read yet: notes/bike.txt."]
     assert memory.unmet("The code is kept in notes/bike.txt.") == ["notes/bike.txt has not been read yet"]
+    memory.add("file_reader", '{"path": "index.txt"}', "Menus: menus/week49.txt\nRota: rota.txt\n")
+    assert memory.unmet("The lock is on the bike.") == []  # files neither the goal nor the answer names: not asked for
+    assert memory.unmet("See menus/week49.txt.") == ["menus/week49.txt has not been read yet"]
     memory.add("file_reader", '{"path": "notes/bike.txt"}', "Bike lock code: 3817\n")
-    assert memory.unread() == [] and memory.unmet("The code is 3817.") == []
-    assert "Still needed" not in memory.note()
+    assert memory.unread() == ["menus/week49.txt", "rota.txt"] and memory.unread(memory.goal) == []
+    assert memory.note().endswith("Not read yet: menus/week49.txt, rota.txt.")
 
 
 def test_working_memory_cuts_a_long_result_and_takes_no_number_for_a_path():
