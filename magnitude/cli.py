@@ -10,7 +10,7 @@ import time
 from magnitude import agent_cli, launcher, mcp_cli, memory_cli, models_cli, stats_cli, strategy_cli
 from shared import health as healthcheck
 from shared import process
-from shared.client import Client, GenerateResult, ServiceError
+from shared.client import ChatResult, Client, GenerateResult, ServiceError
 from shared.config import SERVICE_NAMES, ConfigError, dump_config, load_config
 from shared.health import print_statuses
 
@@ -43,18 +43,16 @@ def _stream_to_stdout(client: Client, prompt: str, session: str | None, **params
 
 
 def _stream_chat_to_stdout(client: Client, text: str, session: str | None, **params) -> dict:
-    """One user turn through the model's own chat template (the ``chat`` message); the final stats."""
-    body = {"messages": [{"role": "user", "content": text}], "stream": True,
-            **{k: v for k, v in params.items() if v is not None}}
-    final = {}
-    for reply in client.stream("chat", body, session):
-        if reply.final:
-            final = reply.body
-        else:
-            sys.stdout.write(reply.body.get("text", ""))
+    """One user turn through the model's own chat template (``Client.chat_stream``); the final stats."""
+    stats = {}
+    for piece in client.chat_stream([{"role": "user", "content": text}], session, **params):
+        if isinstance(piece, ChatResult):
+            stats = {"finish_reason": piece.finish_reason, **piece.stats}
+        elif isinstance(piece, str):
+            sys.stdout.write(piece)
             sys.stdout.flush()
     print()
-    return {k: v for k, v in final.items() if k != "message"}
+    return stats
 
 
 def cmd_generate(args, config) -> int:

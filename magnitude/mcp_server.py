@@ -21,6 +21,8 @@ from services.gateway.keys import ApiKeys, keys_path
 from shared.client import AsyncClient, ServiceError
 from shared.config import Config
 from shared.logs import configure_logging
+from shared.protocol import (MAX_AGENT_ITERATIONS, MAX_EXPRESSION_CHARS, MAX_GOAL_CHARS, MAX_HITS, MAX_NOTE_CHARS,
+                             MAX_QUERY_CHARS)
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _INSTRUCTIONS = ("Magnitude, an on-device agent stack: search and add to its long-term memory, calculate, or "
@@ -45,15 +47,15 @@ def build(config: Config) -> MCPServer:
     collection = config.agent.memory_collection
 
     @mcp.tool()
-    async def memory_search(query: Annotated[str, Field(min_length=1, max_length=2000)],
-                            k: Annotated[int, Field(ge=1, le=20)] = 3) -> dict[str, list[dict[str, Any]]]:
+    async def memory_search(query: Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS)],
+                            k: Annotated[int, Field(ge=1, le=MAX_HITS)] = 3) -> dict[str, list[dict[str, Any]]]:
         """Search the box's long-term memory: the stored notes closest in meaning to the query, best first."""
         hits = (await _request(config, "retrieval", "memory.query",
                                {"collection": collection, "text": query, "k": k}))["hits"]
         return {"hits": [{"id": h["id"], "text": h["text"], "score": round(h["score"], 3)} for h in hits]}
 
     @mcp.tool()
-    async def memory_add(text: Annotated[str, Field(min_length=1, max_length=8000)]) -> str:
+    async def memory_add(text: Annotated[str, Field(min_length=1, max_length=MAX_NOTE_CHARS)]) -> str:
         """Store a note in the box's long-term memory (the agent recalls it when a goal is related)."""
         doc_id = hashlib.sha1(text.encode()).hexdigest()[:16]
         await _request(config, "retrieval", "memory.upsert", {"collection": collection, "id": doc_id, "text": text,
@@ -61,14 +63,14 @@ def build(config: Config) -> MCPServer:
         return f"stored as {doc_id}"
 
     @mcp.tool()
-    async def calculator(expression: Annotated[str, Field(min_length=1, max_length=500)]) -> str:
+    async def calculator(expression: Annotated[str, Field(min_length=1, max_length=MAX_EXPRESSION_CHARS)]) -> str:
         """Evaluate arithmetic exactly: + - * / // % **, parentheses, sqrt, round, abs, min, max."""
         return tool_output(await _request(config, "tools", "tool.call",
                                           {"tool": "calculator", "args": {"expression": expression}}))
 
     @mcp.tool()
-    async def run_agent(goal: Annotated[str, Field(min_length=1, max_length=4000)],
-                        max_iterations: Annotated[int | None, Field(ge=1, le=50)] = None) -> dict[str, Any]:
+    async def run_agent(goal: Annotated[str, Field(min_length=1, max_length=MAX_GOAL_CHARS)],
+                        max_iterations: Annotated[int | None, Field(ge=1, le=MAX_AGENT_ITERATIONS)] = None) -> dict[str, Any]:
         """Run Magnitude's agent on a goal: it plans with the box's model and calls the box's tools, then
         answers. Returns the answer, why the run stopped and the tool calls it made."""
         agent = AsyncAgent(config, timeout_s=300.0)

@@ -15,6 +15,9 @@ a wrong number, fails; no task's question passes its own check (tests/test_bench
 Per model, two phases run one after the other on the same GGUF:
   magnitude  the stack's own services (inference, tools, embedding, retrieval,
              optimizer) and ``magnitude.agent.Agent``;
+  http       the same services and loop behind the gateway: each task POSTed to
+             ``/v1/responses`` with a plain HTTP client (urllib), as agent
+             software in another language would run it;
   peer       ``llama-server --jinja`` (native/build_llama_server.sh) and the loop
              a user writes with the official ``openai`` client: send the tools,
              run the returned tool_calls, feed the results back as tool
@@ -32,6 +35,7 @@ Needs the ``bench`` extra (``pip install -e .[bench]``: the pinned ``openai`` cl
     .venv/bin/python scripts/bench_agent.py --models qwen2.5-coder-0.5b --limit 10
     .venv/bin/python scripts/bench_agent.py --tasks memory,two_tools --json rows.json
     .venv/bin/python scripts/bench_agent.py --models qwen2.5-coder-1.5b --tasks arithmetic,file,memory,mcp --systems magnitude
+    .venv/bin/python scripts/bench_agent.py --models qwen2.5-coder-1.5b --systems magnitude,http,peer
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ from shared.config import Config, dump_config, parse_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY_LOCK = "/tmp/magnitude-heavy.lock"
+SYSTEMS = ("magnitude", "http", "peer")
 
 
 @dataclass(frozen=True)
@@ -355,6 +360,42 @@ def run_magnitude(config: Config, tasks: list[Task], tag: str) -> Phase:
     return phase
 
 
+def run_http(config: Config, home: Path, tasks: list[Task]) -> Phase:
+    """Each task through the gateway's ``POST /v1/responses`` (started here on an ephemeral port), read with
+    urllib; a call counts as valid when the gateway reports no error for it."""
+    import urllib.error
+    import urllib.request
+    config = config.model_copy(update={"gateway": config.gateway.model_copy(update={"port": 0})})
+    path = home / "gateway.yaml"
+    path.write_text(dump_config(config))
+    start(config, path, ("gateway",))
+    phase = Phase("http")
+    try:
+        with Client.for_service("gateway", config, timeout_s=10) as gateway:
+            url = gateway.health()["url"]
+        for i, task in enumerate(tasks, 1):
+            t0 = time.monotonic()
+            request = urllib.request.Request(f"{url}/v1/responses", data=json.dumps({"input": task.goal}).encode(),
+                                             headers={"Content-Type": "application/json"})
+            try:
+                with urllib.request.urlopen(request, timeout=600) as reply:
+                    response = json.load(reply)
+                items = response["output"]
+                calls = [item for item in items if item["type"] == "tool_call"]
+                texts = [item["content"][0]["text"] for item in items if item["type"] == "message"]
+                outcome = Outcome(task, texts[-1] if texts and response["status"] == "completed" else None,
+                                  max((item["step"] for item in items), default=0), len(calls),
+                                  sum(c["error"] is None for c in calls), time.monotonic() - t0,
+                                  (response.get("error") or {}).get("message"), items)
+            except (OSError, ValueError) as err:  # refused or failed: this task failed, the bench goes on
+                outcome = Outcome(task, None, 0, 0, 0, time.monotonic() - t0, f"{type(err).__name__}: {err}"[:300])
+            phase.outcomes.append(outcome)
+            progress("http", i, len(tasks), outcome)
+    finally:
+        process.stop(config, "gateway")
+    return phase
+
+
 # --- the peer: llama-server and the ordinary loop -------------------------------------------------
 def llama_server_binary() -> str:
     out = subprocess.run(["bash", str(REPO / "native" / "build_llama_server.sh")], check=True, capture_output=True,
@@ -482,13 +523,16 @@ def bench_model(name: str, model_path: Path, tasks: list[Task], args, home: Path
                 {"id": f"m{i}", "text": text} for i, text in enumerate(MEMORIES)]})
         result = {"model": name, "size_mib": round(model_path.stat().st_size / 2**20), "decode_tps": None}
         with heavy_lock(not args.no_lock):  # both sides of one model under one hold: the same box load
-            if "magnitude" in args.systems:
+            if "magnitude" in args.systems or "http" in args.systems:
                 start(config, path, ("inference",))
                 try:
                     with Client.for_service("inference", config) as inference:
                         result["decode_tps"] = inference.generate("Count from one to twenty in words:", max_tokens=48,
                                                                   temperature=0).stats.get("decode_tps")
-                    result["magnitude"] = run_magnitude(config, tasks, name)
+                    if "magnitude" in args.systems:
+                        result["magnitude"] = run_magnitude(config, tasks, name)
+                    if "http" in args.systems:
+                        result["http"] = run_http(config, home, tasks)
                 finally:
                     process.stop(config, "inference")
             if "peer" in args.systems:
@@ -510,7 +554,7 @@ def print_table(results: list[dict], version: str | None, n_tasks: int, args) ->
             + " ".join(f"{k:>10}" for k in KINDS))
     print(head)
     for r in results:
-        for system in [x for x in ("magnitude", "peer") if x in r]:
+        for system in [x for x in SYSTEMS if x in r]:
             s = r[system].summary()
             rate = "-" if s["valid_call_rate"] is None else f"{100 * s['valid_call_rate']:.0f}% ({s['calls']})"
             kinds = " ".join(f"{f'{a}/{b}':>10}" for a, b in s["by_kind"].values())
@@ -530,15 +574,16 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=6, help="model turns per task, both systems (default 6)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per model turn (default 256)")
     parser.add_argument("--n-ctx", type=int, default=4096, help="context size, both systems (default 4096)")
-    parser.add_argument("--systems", default="magnitude,peer", help="which side(s) to run (default: both)")
+    parser.add_argument("--systems", default="magnitude,peer", help=f"which of {', '.join(SYSTEMS)} to run, "
+                                                                       "comma-separated (default: magnitude,peer)")
     parser.add_argument("--json", type=Path, help="write every task's outcome to this file")
     parser.add_argument("--no-lock", action="store_true", help=f"do not take {HEAVY_LOCK} (already held)")
     args = parser.parse_args()
     kinds = args.tasks.split(",") if args.tasks else list(KINDS)
     if unknown := set(kinds) - set(KINDS):
         parser.error(f"unknown task kinds: {', '.join(sorted(unknown))}")
-    if set(args.systems.split(",")) - {"magnitude", "peer"}:
-        parser.error("--systems takes magnitude, peer or both (comma-separated)")
+    if set(args.systems.split(",")) - set(SYSTEMS):
+        parser.error(f"--systems takes {', '.join(SYSTEMS)} (comma-separated)")
     tasks = [t for t in TASKS if t.kind in kinds][:args.limit]
     models = catalog_models(args.models.split(",") if args.models else None)
     binary = llama_server_binary() if "peer" in args.systems else None  # built on first use: minutes
@@ -556,7 +601,7 @@ def main() -> int:
                       "ok": o.ok, "steps": o.steps, "calls": o.calls, "valid_calls": o.valid_calls,
                       "seconds": round(o.seconds, 2), "error": o.error, "trace": o.trace}
                      for o in r[system].outcomes]
-            for system in ("magnitude", "peer") if system in r}} for r in results], indent=1))
+            for system in SYSTEMS if system in r}} for r in results], indent=1))
     return 0
 
 

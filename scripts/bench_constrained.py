@@ -32,8 +32,8 @@ from gguf import GGUFReader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: E402
 from services.inference.prepare import Lexicon  # noqa: E402
+from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: E402
 from services.inference.constraint import Constraint, LlamaGrammar, gbnf_constraint  # noqa: E402
 from services.inference.scheduler import GenerateParams, Scheduler  # noqa: E402
 from shared import catalog  # noqa: E402

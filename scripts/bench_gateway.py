@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from openai import OpenAI  # noqa: E402
 
 from magnitude import launcher  # noqa: E402
-from magnitude.prompts import gemma_prompt  # noqa: E402
+from scripts._prompts import gemma_prompt  # noqa: E402
 from shared import process  # noqa: E402
 from shared.client import Client  # noqa: E402
 from shared.config import Config, dump_config, parse_config  # noqa: E402

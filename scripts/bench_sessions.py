@@ -25,7 +25,7 @@ from pathlib import Path
 
 from _bench import PLANNER_SYSTEM, PLANNER_TASKS, start_inference, stop
 from shared.client import Client
-from magnitude.prompts import gemma_prompt
+from scripts._prompts import gemma_prompt
 
 SYSTEM = PLANNER_SYSTEM * 3
 TASKS = PLANNER_TASKS[:4]

@@ -50,7 +50,7 @@ import psutil
 
 from _bench import BENCH_MODEL, PLANNER_SYSTEM, PLANNER_TASKS, start_inference, stop
 from shared.client import Client, GenerateResult
-from magnitude.prompts import gemma_prompt
+from scripts._prompts import gemma_prompt
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 with atheris.instrument_imports(include=["shared", "services"]):
     from services.embedding.service import EmbeddingService
     from services.gateway.service import GatewayService
-    from services.inference.service import InferenceService, _not_found
+    from services.inference.service import InferenceService
     from services.inference.tool_calls import CLOSE, OPEN, scan, tool_table
     from services.optimizer.service import OptimizerService
     from services.retrieval.service import RetrievalService
@@ -145,6 +145,16 @@ class FakeEmbedder:
         pass
 
 
+class _NoOutlet:
+    """Where a fuzzed generation would answer: nowhere (only its preparation runs)."""
+
+    def event(self, body: dict) -> None: ...
+    def done(self, result: dict) -> None: ...
+    def failed(self, exc: Exception) -> None: ...
+    def cancelled(self) -> bool:
+        return False
+
+
 class Services:
     """One real service object per service, never bound: the fuzzer calls their handlers directly (the
     gateway's app through an in-process HTTP client)."""
@@ -179,17 +189,13 @@ class Services:
         service = self.by_name[MESSAGES[req.type].service]
         emit = Emitter(lambda kind, body: None)
         if req.type in ("generate", "chat"):  # the preparing workers' part: everything before the scheduler
-            self.inference.preparer.prepare(req, "fuzz", None, send_ok=lambda body: None, on_error=lambda exc: None,
-                                            cancelled=lambda: False)
-        elif req.type in getattr(service, "_control", {}):
-            try:
-                service._control[req.type](req)
-            except FileNotFoundError as exc:
-                raise _not_found(exc)
+            self.inference.preparer.prepare(req, "fuzz", _NoOutlet())
+        elif service is self.inference and req.type in self.inference.control.handlers:
+            self.inference.control.run(req)
         else:
             service._handlers[req.type](req, emit)
         if req.type == "telemetry":
-            self.optimizer._ingest(timeout_s=0.001)  # on into the policy, as the controller thread does
+            self.optimizer.tuner.ingest(timeout_s=0.001)  # on into the policy, as the controller thread does
         if req.type == "tool.call" and isinstance(req.body.get("args"), dict):
             for template in SHELL_TEMPLATES:
                 try:

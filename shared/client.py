@@ -20,21 +20,24 @@ frame for its id goes to the service, which frees what the request held (a gener
 The logic lives in ``Call``, which does no I/O (the sans-I/O pattern of h11 and
 wsproto): it builds the request frame, says how long to wait, reads what
 arrived (a reply frame, monitor events, nothing) and decides what it means,
-including whether and when to retry. ``Client`` and ``AsyncClient`` only move
-bytes between a ZeroMQ socket and a ``Call``.
+including whether and when to retry. ``AsyncClient`` only moves bytes between a
+ZeroMQ socket and a ``Call``; ``Client`` runs ``AsyncClient``'s calls to completion
+on an event loop of its own, so every call is written once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
+import msgpack
 import zmq
 import zmq.asyncio
-from zmq.utils.monitor import parse_monitor_message, recv_monitor_message
+from zmq.utils.monitor import parse_monitor_message
 
 from shared import security, shm
 from shared.config import Config, ipc_path, load_config
@@ -227,33 +230,76 @@ def _generate_piece(item: Reply | Restart) -> str | GenerateResult | Restart:
     return GenerateResult.from_body(item.body) if item.final else item.body.get("text", "")
 
 
-def _generate_body(prompt: str, session: str | None, stream: bool, params: dict[str, Any]) -> dict[str, Any]:
+def _body(params: dict[str, Any], field: str, value: Any, encoded: bytes, session: str | None) -> dict[str, Any]:
+    """A request body: the parameters not None, and ``field``'s value inline, or ``encoded`` in shared memory
+    as ``<field>_shm`` when it is over the inline limit."""
     body = {k: v for k, v in params.items() if v is not None}
-    body["stream"] = stream
-    encoded = prompt.encode()
     if len(encoded) > shm.INLINE_LIMIT_BYTES:
-        body["prompt_shm"] = shm.put_bytes(encoded, session=session)
+        body[f"{field}_shm"] = shm.put_bytes(encoded, session=session)
     else:
-        body["prompt"] = prompt
+        body[field] = value
     return body
+
+
+def _generate_body(prompt: str, session: str | None, stream: bool, params: dict[str, Any]) -> dict[str, Any]:
+    return _body({**params, "stream": stream}, "prompt", prompt, prompt.encode(), session)
+
+
+@dataclass
+class ChatResult:
+    """A chat turn's reply: the assistant message (content, tool calls), why it ended, and its stats."""
+
+    message: dict[str, Any]
+    finish_reason: str
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def content(self) -> str:
+        return self.message.get("content") or ""
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        return self.message.get("tool_calls") or []
+
+    @classmethod
+    def from_body(cls, body: dict) -> "ChatResult":
+        return cls(body["message"], body.get("finish_reason", "stop"),
+                   {k: v for k, v in body.items() if k not in ("message", "finish_reason")})
+
+
+def _chat_piece(item: Reply | Restart) -> str | dict | ChatResult | Restart:
+    if isinstance(item, Restart):
+        return item
+    if item.final:
+        return ChatResult.from_body(item.body)
+    return item.body["tool_call"] if "tool_call" in item.body else item.body.get("text", "")
+
+
+def chat_body(messages: list[dict], session: str | None, **params: Any) -> dict[str, Any]:
+    """A ``chat`` request body (parameters given as None are left out); messages over the inline limit travel in
+    shared memory (``messages_shm``), as a long ``generate`` prompt does."""
+    return _body(params, "messages", messages, msgpack.packb(messages, use_bin_type=True), session)
 
 
 def _final_body(item: Reply | Restart) -> dict | None:
     return item.body if isinstance(item, Reply) and item.final else None
 
 
-class _Base:
-    """What the sync and asyncio clients share: endpoint, keys, the socket and its monitor."""
+class AsyncClient:
+    """asyncio client for robot stacks and the gateway; ``Client`` runs the same calls blocking.
 
-    def __init__(self, endpoint: str, timeout_s: float, curve: CurveKeys | None = None):
+    One DEALER socket (and its monitor), one request in flight at a time: the I/O around a ``Call``."""
+
+    def __init__(self, endpoint: str, timeout_s: float = 60.0, curve: CurveKeys | None = None):
         self.endpoint = endpoint
         self.timeout_s = timeout_s
         self.curve = curve
-        self._sock: zmq.Socket | None = None
-        self._monitor: zmq.Socket | None = None  # connection events of _sock (_WATCHED_EVENTS)
+        self._ctx = zmq.asyncio.Context.instance()
+        self._sock: zmq.asyncio.Socket | None = None
+        self._monitor: zmq.asyncio.Socket | None = None  # connection events of _sock (_WATCHED_EVENTS)
 
     @classmethod
-    def for_service(cls, service: str, config: Config | None = None, timeout_s: float = 60.0):
+    def for_service(cls, service: str, config: Config | None = None, timeout_s: float = 60.0) -> "AsyncClient":
         """A client for ``service`` as configured, with CURVE keys where its endpoint requires them."""
         config = config or load_config()
         endpoint = config.runtime.endpoint(service)
@@ -275,9 +321,9 @@ class _Base:
             self._sock.connect(self.endpoint)
         return self._sock
 
-    def _poller(self):
-        """A poller over the socket and its monitor (zmq's or zmq.asyncio's, as the subclass says)."""
-        poller = self._poller_cls()
+    def _poller(self) -> zmq.asyncio.Poller:
+        """A poller over the socket and its monitor."""
+        poller = zmq.asyncio.Poller()
         poller.register(self._socket(), zmq.POLLIN)
         poller.register(self._monitor, zmq.POLLIN)
         return poller
@@ -310,136 +356,6 @@ class _Base:
             self._sock.close(linger=0)
             self._sock = self._monitor = None
 
-
-class Client(_Base):
-    """Blocking client; one DEALER socket, one request in flight at a time."""
-
-    _poller_cls = zmq.Poller
-
-    def __init__(self, endpoint: str, timeout_s: float = 60.0, curve: CurveKeys | None = None):
-        super().__init__(endpoint, timeout_s, curve)
-        self._ctx = zmq.Context.instance()
-
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def _events(self) -> list[int]:
-        events = []
-        while self._monitor.poll(0):
-            events.append(recv_monitor_message(self._monitor)["event"])
-        return events
-
-    def _send(self, call: Call) -> None:
-        if (err := call.unreachable()) is not None:
-            raise err
-        sock = self._socket()
-        call.on_events(self._events(), in_flight=False)  # forget disconnects of earlier requests
-        sock.send(call.frame)
-        call.sent()
-
-    def _next(self, call: Call) -> Reply:
-        """The call's next reply frame (stale frames of abandoned requests are skipped)."""
-        sock, poller = self._socket(), self._poller()
-        call.expect_frame()
-        while (ms := call.poll_ms()) is not None:
-            ready = dict(poller.poll(ms))
-            if sock in ready:  # frames that came before a disconnect are still good: read them first
-                if (reply := call.on_frame(sock.recv())) is not None:
-                    return reply
-            elif self._monitor in ready:
-                call.on_events(self._events())
-        raise call.timed_out()
-
-    def stream(self, msg_type: str, body: dict | None = None, session: str | None = None,
-               request_id: str | None = None, retry: Retry | None = None) -> Iterator[Reply | Restart]:
-        """Yield every reply frame (events, then the final one) of one request.
-
-        With ``retry``, a transient failure re-sends the request with the same id after a backoff,
-        and a ``Restart`` is yielded first: frames of the failed attempt are to be discarded.
-        """
-        call = self._call(msg_type, body, session, request_id, retry)
-        try:
-            while True:
-                try:
-                    self._send(call)
-                    while not call.done:
-                        yield self._next(call)
-                    return
-                except ServiceError as err:
-                    self._failed(call, err)
-                    restart = call.restart_after(err)  # or raises err
-                yield restart
-                time.sleep(restart.delay_s)
-        finally:  # closed before its final reply: the caller stopped listening
-            self._cancel(call)
-
-    def request(self, msg_type: str, body: dict | None = None, session: str | None = None,
-                request_id: str | None = None, retry: Retry | None = None) -> dict:
-        """Send one request and return the final body."""
-        for item in self.stream(msg_type, body, session, request_id, retry):
-            if (final := _final_body(item)) is not None:
-                return final
-        raise AssertionError("unreachable: a stream ends with its final reply or raises")
-
-    def health(self) -> dict:
-        return self.request("health")
-
-    def generate(self, prompt: str, session_id: str | None = None, *, retry: Retry | None = None,
-                 **params: Any) -> GenerateResult:
-        body = self.request("generate", _generate_body(prompt, session_id, False, params), session_id, retry=retry)
-        return GenerateResult.from_body(body)
-
-    def generate_stream(self, prompt: str, session_id: str | None = None, *, retry: Retry | None = None,
-                        **params: Any) -> Iterator[str | GenerateResult | Restart]:
-        """Yield text pieces as they are produced, then one ``GenerateResult`` with the stats.
-
-        With ``retry``, a ``Restart`` means the generation starts over: drop the text so far.
-        """
-        for item in self.stream("generate", _generate_body(prompt, session_id, True, params), session_id,
-                                retry=retry):
-            yield _generate_piece(item)
-
-    # --- raw frames, for tests of hostile input -----------------------------------------------------
-    def send_raw(self, frame: bytes) -> None:
-        """Send one frame as-is."""
-        self._raw(self._send, _RawCall(self.endpoint, frame, self.timeout_s))
-
-    def recv_reply(self, request_id: str | None = None, timeout_s: float | None = None) -> Reply:
-        """The next reply frame (for ``request_id`` if given), error replies included, undecided."""
-        return self._raw(self._next, _RawCall(self.endpoint, b"", timeout_s or self.timeout_s, request_id))
-
-    def _raw(self, step: Callable[[Call], Any], call: Call) -> Any:
-        try:
-            return step(call)
-        except ServiceError as err:
-            self._failed(call, err)
-            raise
-
-
-class _RawCall(Call):
-    """A call that sends a given frame and hands back any reply as it is (``send_raw`` / ``recv_reply``)."""
-
-    def __init__(self, endpoint: str, frame: bytes, timeout_s: float, request_id: str | None = None):
-        super().__init__(endpoint, "raw frame", None, None, request_id, timeout_s)
-        self.frame, self.any_id = frame, request_id is None
-
-    def on_frame(self, data: bytes) -> Reply | None:
-        reply = decode_reply(data)
-        return reply if self.any_id or reply.id == self.request_id else None
-
-
-class AsyncClient(_Base):
-    """asyncio client for robot stacks; same calls as ``Client``, awaitable."""
-
-    _poller_cls = zmq.asyncio.Poller
-
-    def __init__(self, endpoint: str, timeout_s: float = 60.0, curve: CurveKeys | None = None):
-        super().__init__(endpoint, timeout_s, curve)
-        self._ctx = zmq.asyncio.Context.instance()
-
     async def _events(self) -> list[int]:
         events = []
         while await self._monitor.poll(0):
@@ -469,7 +385,11 @@ class AsyncClient(_Base):
     async def stream(self, msg_type: str, body: dict | None = None, session: str | None = None,
                      request_id: str | None = None, retry: Retry | None = None
                      ) -> AsyncIterator[Reply | Restart]:
-        """As ``Client.stream``."""
+        """Yield every reply frame (events, then the final one) of one request.
+
+        With ``retry``, a transient failure re-sends the request with the same id after a backoff,
+        and a ``Restart`` is yielded first: frames of the failed attempt are to be discarded.
+        """
         call = self._call(msg_type, body, session, request_id, retry)
         try:
             while True:
@@ -488,9 +408,11 @@ class AsyncClient(_Base):
 
     async def request(self, msg_type: str, body: dict | None = None, session: str | None = None,
                       request_id: str | None = None, retry: Retry | None = None) -> dict:
-        async for item in self.stream(msg_type, body, session, request_id, retry):
-            if (final := _final_body(item)) is not None:
-                return final
+        """Send one request and return the final body."""
+        async with aclosing(self.stream(msg_type, body, session, request_id, retry)) as items:
+            async for item in items:
+                if (final := _final_body(item)) is not None:
+                    return final
         raise AssertionError("unreachable: a stream ends with its final reply or raises")
 
     async def health(self) -> dict:
@@ -504,6 +426,146 @@ class AsyncClient(_Base):
 
     async def generate_stream(self, prompt: str, session_id: str | None = None, *, retry: Retry | None = None,
                               **params: Any) -> AsyncIterator[str | GenerateResult | Restart]:
+        """Yield text pieces as they are produced, then one ``GenerateResult`` with the stats.
+
+        With ``retry``, a ``Restart`` means the generation starts over: drop the text so far.
+        """
         async for item in self.stream("generate", _generate_body(prompt, session_id, True, params), session_id,
                                       retry=retry):
             yield _generate_piece(item)
+
+    async def chat(self, messages: list[dict], session_id: str | None = None, *, retry: Retry | None = None,
+                   **params: Any) -> ChatResult:
+        """One assistant turn of a conversation (OpenAI-shaped messages; ``tools``, ``tool_choice``,
+        ``response_format`` and the sampling parameters as keywords), rendered with the model's own template."""
+        body = await self.request("chat", chat_body(messages, session_id, **params, stream=False), session_id,
+                                  retry=retry)
+        return ChatResult.from_body(body)
+
+    async def chat_stream(self, messages: list[dict], session_id: str | None = None, *, retry: Retry | None = None,
+                          **params: Any) -> AsyncIterator[str | dict | ChatResult | Restart]:
+        """Yield content pieces (str) and each tool call once complete (dict: index, id, name, arguments), then one
+        ``ChatResult``. With ``retry``, a ``Restart`` means the turn starts over: drop what came so far."""
+        async for item in self.stream("chat", chat_body(messages, session_id, **params, stream=True), session_id,
+                                      retry=retry):
+            yield _chat_piece(item)
+
+    # --- raw frames, for tests of hostile input -----------------------------------------------------
+    async def send_raw(self, frame: bytes) -> None:
+        """Send one frame as-is."""
+        await self._raw(self._send, _RawCall(self.endpoint, frame, self.timeout_s))
+
+    async def recv_reply(self, request_id: str | None = None, timeout_s: float | None = None) -> Reply:
+        """The next reply frame (for ``request_id`` if given), error replies included, undecided."""
+        return await self._raw(self._next, _RawCall(self.endpoint, b"", timeout_s or self.timeout_s, request_id))
+
+    async def _raw(self, step: Callable[[Call], Awaitable[Any]], call: Call) -> Any:
+        try:
+            return await step(call)
+        except ServiceError as err:
+            self._failed(call, err)
+            raise
+
+
+class _RawCall(Call):
+    """A call that sends a given frame and hands back any reply as it is (``send_raw`` / ``recv_reply``)."""
+
+    def __init__(self, endpoint: str, frame: bytes, timeout_s: float, request_id: str | None = None):
+        super().__init__(endpoint, "raw frame", None, None, request_id, timeout_s)
+        self.frame, self.any_id = frame, request_id is None
+
+    def on_frame(self, data: bytes) -> Reply | None:
+        reply = decode_reply(data)
+        return reply if self.any_id or reply.id == self.request_id else None
+
+
+class Client:
+    """Blocking client: every call is ``AsyncClient``'s, run to completion on this client's own event loop, so each
+    call has one implementation. One request in flight at a time; inside a running event loop use ``AsyncClient``."""
+
+    def __init__(self, endpoint: str, timeout_s: float = 60.0, curve: CurveKeys | None = None):
+        self._async = AsyncClient(endpoint, timeout_s, curve)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def for_service(cls, service: str, config: Config | None = None, timeout_s: float = 60.0) -> "Client":
+        """As ``AsyncClient.for_service``."""
+        address = AsyncClient.for_service(service, config, timeout_s)
+        return cls(address.endpoint, address.timeout_s, address.curve)
+
+    @property
+    def endpoint(self) -> str:
+        return self._async.endpoint
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Drop the socket (and with it any queued or late frames); the next call opens a fresh one."""
+        self._async.close()
+        if self._loop is not None:
+            if pending := asyncio.all_tasks(self._loop):  # streams the GC closed meanwhile: let them finish
+                self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            self._loop.close()
+            self._loop = None
+
+    def _run(self, awaitable: Awaitable[Any]) -> Any:
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(awaitable)
+
+    def _iterate(self, items: AsyncIterator[Any]) -> Iterator[Any]:
+        """An async iterator, item by item; closing this generator closes it (a stream's cancel)."""
+        try:
+            while True:
+                try:
+                    item = self._run(anext(items))
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:  # closing the async iterator sends the request's cancel, unless the client was closed first
+            if self._loop is not None and self._loop.is_running():  # the GC closed us inside another call
+                self._loop.create_task(items.aclose())
+            elif self._loop is not None:
+                self._loop.run_until_complete(items.aclose())
+
+    def stream(self, msg_type: str, body: dict | None = None, session: str | None = None,
+               request_id: str | None = None, retry: Retry | None = None) -> Iterator[Reply | Restart]:
+        """Yield every reply frame (events, then the final one) of one request: see ``AsyncClient.stream``."""
+        return self._iterate(self._async.stream(msg_type, body, session, request_id, retry))
+
+    def request(self, msg_type: str, body: dict | None = None, session: str | None = None,
+                request_id: str | None = None, retry: Retry | None = None) -> dict:
+        """Send one request and return the final body."""
+        return self._run(self._async.request(msg_type, body, session, request_id, retry))
+
+    def health(self) -> dict:
+        return self.request("health")
+
+    def generate(self, prompt: str, session_id: str | None = None, **params: Any) -> GenerateResult:
+        return self._run(self._async.generate(prompt, session_id, **params))
+
+    def generate_stream(self, prompt: str, session_id: str | None = None,
+                        **params: Any) -> Iterator[str | GenerateResult | Restart]:
+        """Text pieces as they are produced, then one ``GenerateResult``: see ``AsyncClient.generate_stream``."""
+        return self._iterate(self._async.generate_stream(prompt, session_id, **params))
+
+    def chat(self, messages: list[dict], session_id: str | None = None, **params: Any) -> ChatResult:
+        return self._run(self._async.chat(messages, session_id, **params))
+
+    def chat_stream(self, messages: list[dict], session_id: str | None = None,
+                    **params: Any) -> Iterator[str | dict | ChatResult | Restart]:
+        """Content pieces and finished tool calls as they come, then one ``ChatResult``: see ``AsyncClient``."""
+        return self._iterate(self._async.chat_stream(messages, session_id, **params))
+
+    # --- raw frames, for tests of hostile input -----------------------------------------------------
+    def send_raw(self, frame: bytes) -> None:
+        """Send one frame as-is."""
+        self._run(self._async.send_raw(frame))
+
+    def recv_reply(self, request_id: str | None = None, timeout_s: float | None = None) -> Reply:
+        """The next reply frame (for ``request_id`` if given), error replies included, undecided."""
+        return self._run(self._async.recv_reply(request_id, timeout_s))

@@ -1,19 +1,15 @@
-"""Is a service up? One ``health`` request with a short timeout: for the launcher, the watchdog and
-``scripts/health`` (the compose healthcheck, run every 15 s in every container, so it stays light:
-no model runtime, no user-facing package).
-
-    python -m shared.health [--service NAME ...] [--json] [--timeout S]   # exit 1 if any is unhealthy
-"""
+"""Is a service up? One ``health`` request with a short timeout: for the launcher, the watchdog,
+``magnitude health`` and ``scripts/health`` (the compose healthcheck, run every 15 s in every container, so
+this module stays light: no model runtime, no user-facing package)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass
 
 from shared.client import Client, ServiceError
-from shared.config import SERVICE_NAMES, WATCHDOG_NAME, Config, ConfigError, load_config
+from shared.config import SERVICE_NAMES, WATCHDOG_NAME, Config
 
 
 @dataclass
@@ -57,22 +53,3 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="only this service (repeatable; default: every service and the watchdog)")
     parser.add_argument("--timeout", type=float, default=5.0, help="seconds to wait per service (default 5)")
     parser.add_argument("--json", action="store_true", help="machine-readable output")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/health", description="Check the running Magnitude services; "
-                                     "exit 1 if any is unhealthy.")
-    parser.add_argument("--config", help="YAML config (default: $MAGNITUDE_CONFIG, else built-in defaults)")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    try:
-        config = load_config(args.config)
-    except ConfigError as err:
-        print(err, file=sys.stderr)
-        return 2
-    names = args.service or [*SERVICE_NAMES, *([WATCHDOG_NAME] if config.watchdog.enabled else [])]
-    return print_statuses([probe(config, name, args.timeout) for name in names], args.json)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

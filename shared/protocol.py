@@ -112,6 +112,39 @@ MAX_MESSAGES = 4096
 MAX_TOOLS = 128
 MAX_OWNER_CHARS = 96
 MAX_MODEL_NAME_CHARS = 64
+MAX_ID_CHARS = 128  # request, session and tool-call ids
+MAX_HTTP_SESSION_CHARS = 96  # an X-Session-Id: printable ASCII; the gateway prefixes it with the key's name
+MAX_PROMPT_CHARS = 1 << 20  # a raw prompt, a text to tokenize, a tool call's JSON arguments
+MAX_GRAMMAR_CHARS = 1 << 18
+# ... and of what a chat request carries besides messages
+MAX_TOOL_NAME_CHARS = 64
+MAX_CALL_NAME_CHARS = 1024  # a tool call's name as a client echoes it back (it may name no tool)
+MAX_TOOL_CALLS = 64  # in one assistant message
+MAX_DESCRIPTION_CHARS = 4096
+MAX_USER_CHARS = 256  # OpenAI's ``user`` field: accepted, not used
+MAX_SCHEMA_BYTES = 64 * 1024  # one JSON schema (a tool's parameters, a response format)
+MAX_SCHEMA_DEPTH = 32  # nested JSON containers in a schema
+MAX_TOOLS_BYTES = 256 * 1024  # all the tools' schemas together: they become one grammar
+
+# --- the bounds of memory requests (embedding and retrieval) ---
+MAX_EMBED_TEXTS = 4096
+MAX_MEMORY_TEXT_CHARS = 1 << 16  # a text to embed or store
+MAX_VECTOR_DIMS = 4096
+MAX_COLLECTION_CHARS = 128
+MAX_MEMORY_ID_CHARS = 256
+MAX_UPSERT_ITEMS = 1024
+
+# --- the bounds of the MCP server's tools (magnitude/mcp_server.py) ---
+MAX_GOAL_CHARS = 4000
+MAX_AGENT_ITERATIONS = 50
+MAX_QUERY_CHARS = 2000
+MAX_HITS = 20
+MAX_NOTE_CHARS = 8000
+MAX_EXPRESSION_CHARS = 500
+
+# --- the bounds of agent feedback ---
+MAX_ERROR_REASON_CHARS = 4096
+MAX_FEEDBACK_DETAILS_BYTES = 16 << 10
 
 #: What generate and chat share: sampling, stop sequences, streaming, the model, and who the caller is.
 _GENERATION = {
@@ -131,7 +164,7 @@ _GENERATION = {
 MESSAGES: dict[str, MessageSpec] = {
     "health": MessageSpec("*", doc="Liveness and vital figures: ok, uptime, model, memory."),
     "cancel": MessageSpec(
-        "*", {"id": Field(str, required=True, max_len=128)},
+        "*", {"id": Field(str, required=True, max_len=MAX_ID_CHARS)},
         doc="Stop the request with this id (and the envelope's session) that this client sent: queued, it never "
             "runs; running, it ends at the next scheduler step with a 'cancelled' error. Answered by the service "
             "loop at once: 'cancelled' says whether such a request was in flight.",
@@ -139,10 +172,10 @@ MESSAGES: dict[str, MessageSpec] = {
     "generate": MessageSpec(
         "inference",
         {
-            "prompt": Field(str, max_len=1 << 20),
+            "prompt": Field(str, max_len=MAX_PROMPT_CHARS),
             "prompt_shm": _SHM_HANDLE,
             **_GENERATION,
-            "grammar": Field(str, max_len=1 << 18),
+            "grammar": Field(str, max_len=MAX_GRAMMAR_CHARS),
         },
         streams=True,
         doc="Complete a prompt. With a session, the KV cache of its earlier steps is reused.",
@@ -150,7 +183,8 @@ MESSAGES: dict[str, MessageSpec] = {
     "chat": MessageSpec(
         "inference",
         {
-            "messages": Field(list, required=True, max_len=MAX_MESSAGES),
+            "messages": Field(list, max_len=MAX_MESSAGES),
+            "messages_shm": _SHM_HANDLE,  # the messages list as msgpack, when long (shared.client does this)
             "tools": Field(list, max_len=MAX_TOOLS),
             "tool_choice": Field((str, dict)),
             "response_format": Field(dict),
@@ -164,38 +198,38 @@ MESSAGES: dict[str, MessageSpec] = {
     "sessions": MessageSpec("inference", doc="List cached sessions and where their KV lives."),
     "tokenize": MessageSpec(
         "inference",
-        {"text": Field(str, required=True, max_len=1 << 20)},
+        {"text": Field(str, required=True, max_len=MAX_PROMPT_CHARS)},
         doc="Token ids of a text under the model's tokenizer.",
     ),
     "model.list": MessageSpec("inference", doc="Configured models, which are resident, their memory, the default."),
     "model.load": MessageSpec(
-        "inference", {"name": Field(str, required=True, max_len=64)},
+        "inference", {"name": Field(str, required=True, max_len=MAX_MODEL_NAME_CHARS)},
         doc="Make a configured model resident (unloading the least recently used idle one if needed): 'load_ms'.",
         privileged=True,
     ),
     "model.unload": MessageSpec(
-        "inference", {"name": Field(str, required=True, max_len=64)},
+        "inference", {"name": Field(str, required=True, max_len=MAX_MODEL_NAME_CHARS)},
         doc="Free a resident model's memory: 'unloaded' bool. Refused (busy) while it generates.",
         privileged=True,
     ),
     "model.switch": MessageSpec(
-        "inference", {"name": Field(str, required=True, max_len=64)},
+        "inference", {"name": Field(str, required=True, max_len=MAX_MODEL_NAME_CHARS)},
         doc="Make a model the default for requests that name none, loading it if needed: 'switch_ms'.",
         privileged=True,
     ),
     # --- memory: the embedding and retrieval services -------------------------------------
     "embed": MessageSpec(
         "embedding",
-        {"texts": Field(list, required=True, max_len=4096)},
+        {"texts": Field(list, required=True, max_len=MAX_EMBED_TEXTS)},
         doc="L2-normalised float32 vectors of texts: inline 'vectors' (raw bytes + 'shape'), or a 'vectors_shm' handle "
             "when the batch is over the inline limit.",
     ),
     "memory.upsert": MessageSpec(
         "retrieval",
         {
-            "collection": Field(str, required=True, max_len=128),
-            "id": Field(str, required=True, max_len=256),
-            "text": Field(str, required=True, max_len=1 << 16),
+            "collection": Field(str, required=True, max_len=MAX_COLLECTION_CHARS),
+            "id": Field(str, required=True, max_len=MAX_MEMORY_ID_CHARS),
+            "text": Field(str, required=True, max_len=MAX_MEMORY_TEXT_CHARS),
             "metadata": Field(dict),
         },
         doc="Embed a text and store it under (collection, id), replacing any earlier version. "
@@ -204,22 +238,22 @@ MESSAGES: dict[str, MessageSpec] = {
     ),
     "memory.upsert_many": MessageSpec(
         "retrieval",
-        {"collection": Field(str, required=True, max_len=128), "items": Field(list, required=True, max_len=1024)},
+        {"collection": Field(str, required=True, max_len=MAX_COLLECTION_CHARS), "items": Field(list, required=True, max_len=MAX_UPSERT_ITEMS)},
         doc="Batch upsert: items are maps {id, text, metadata?}; one embed call and one commit for all.",
         privileged=True,
     ),
     "memory.delete": MessageSpec(
         "retrieval",
-        {"collection": Field(str, required=True, max_len=128), "id": Field(str, required=True, max_len=256)},
+        {"collection": Field(str, required=True, max_len=MAX_COLLECTION_CHARS), "id": Field(str, required=True, max_len=MAX_MEMORY_ID_CHARS)},
         doc="Remove one stored text; 'deleted' says whether it existed.",
         privileged=True,
     ),
     "memory.query": MessageSpec(
         "retrieval",
         {
-            "collection": Field(str, required=True, max_len=128),
-            "text": Field(str, max_len=1 << 16),
-            "vector": Field(list, max_len=4096),
+            "collection": Field(str, required=True, max_len=MAX_COLLECTION_CHARS),
+            "text": Field(str, max_len=MAX_MEMORY_TEXT_CHARS),
+            "vector": Field(list, max_len=MAX_VECTOR_DIMS),
             "k": Field(int),
             "filter": Field(dict),
             "hybrid": Field(bool),
@@ -229,14 +263,14 @@ MESSAGES: dict[str, MessageSpec] = {
     ),
     "memory.stats": MessageSpec(
         "retrieval",
-        {"collection": Field(str, max_len=128)},
+        {"collection": Field(str, max_len=MAX_COLLECTION_CHARS)},
         doc="Document counts per collection, database size and path.",
     ),
     # --- agents: the tool service and the optimizer's feedback intake -------------------
     "tool.list": MessageSpec("tools", doc="The configured tools: name, kind, description, parameters (JSON schema)."),
     "tool.call": MessageSpec(
         "tools",
-        {"tool": Field(str, required=True, max_len=64), "args": Field(dict, required=True)},
+        {"tool": Field(str, required=True, max_len=MAX_TOOL_NAME_CHARS), "args": Field(dict, required=True)},
         doc="Run one tool on schema-validated args: 'output' (or 'output_shm' when long), 'truncated', "
             "'elapsed_ms'. A tool that hangs, crashes, floods or raises answers tool_failed.",
         privileged=True,
@@ -244,9 +278,9 @@ MESSAGES: dict[str, MessageSpec] = {
     "feedback": MessageSpec(
         "optimizer",
         {
-            "session_id": Field(str, required=True, max_len=128),
+            "session_id": Field(str, required=True, max_len=MAX_ID_CHARS),
             "success": Field(bool, required=True),
-            "error_reason": Field(str, max_len=4096),
+            "error_reason": Field(str, max_len=MAX_ERROR_REASON_CHARS),
             "details": Field(dict),
         },
         doc="Outcome of one agent run; acknowledged only once it is durable on disk.",
@@ -301,6 +335,22 @@ MESSAGES: dict[str, MessageSpec] = {
 }
 
 
+# --- what generation replies mean (inference writes them, the gateway and clients read them) -----
+#: A generation's stop_reason -> the finish_reason of a chat reply (OpenAI's names).
+_FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+
+
+def finish_reason(stop_reason: str | None, called_tools: bool = False) -> str:
+    """Why a reply ended, in OpenAI's words: ``tool_calls``, ``length`` or ``stop``."""
+    return "tool_calls" if called_tools else _FINISH_REASONS.get(stop_reason or "stop", "stop")
+
+
+def unsent_text(content: str, streamed: str) -> str:
+    """What of a reply's content its ``text`` events have not carried yet: the rest after what was streamed
+    (nothing when the content no longer starts with it: a call's markup is never streamed, then taken back)."""
+    return content[len(streamed):] if content.startswith(streamed) else ""
+
+
 def new_request_id() -> str:
     return uuid.uuid4().hex
 
@@ -345,12 +395,24 @@ def _no_extensions(code: int, data: bytes) -> Any:
     raise ValueError(f"msgpack extension type {code} is not part of the protocol")
 
 
-def _unpack_map(frame: bytes) -> dict:
+def _unpack(data: bytes, what: str) -> Any:
     try:
-        obj = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=len(frame),
-                              ext_hook=_no_extensions, timestamp=2)
+        return msgpack.unpackb(data, raw=False, strict_map_key=True, max_bin_len=len(data),
+                               ext_hook=_no_extensions, timestamp=2)
     except Exception as exc:  # msgpack raises several types for bad input
-        raise ProtocolError(ErrorCode.BAD_FRAME, f"frame is not valid msgpack ({type(exc).__name__})")
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"{what} is not valid msgpack ({type(exc).__name__})")
+
+
+def decode_field(msg_type: str, name: str, data: bytes, request_id: str) -> Any:
+    """A body field that came in shared memory (``messages_shm`` holds ``messages``): msgpack under the frame's
+    rules, checked against the field's spec as if it had come inline."""
+    value = _unpack(data, f"{name}_shm")
+    _check_field(name, MESSAGES[msg_type].fields[name], value, request_id)
+    return value
+
+
+def _unpack_map(frame: bytes) -> dict:
+    obj = _unpack(frame, "frame")
     if not isinstance(obj, dict):
         raise ProtocolError(ErrorCode.BAD_FRAME, "frame must be a msgpack map")
     return obj
@@ -383,8 +445,9 @@ def decode_request(frame: bytes, *, max_frame_bytes: int, handled: set[str]) -> 
         )
     env = _unpack_map(frame)
     request_id = env.get("id")
-    if not isinstance(request_id, str) or not 0 < len(request_id) <= 128:
-        raise ProtocolError(ErrorCode.BAD_REQUEST, "envelope field 'id' must be a non-empty string (<=128 chars)")
+    if not isinstance(request_id, str) or not 0 < len(request_id) <= MAX_ID_CHARS:
+        raise ProtocolError(ErrorCode.BAD_REQUEST,
+                            f"envelope field 'id' must be a non-empty string (<={MAX_ID_CHARS} chars)")
     version = env.get("v")
     if version != PROTOCOL_VERSION:
         raise ProtocolError(
@@ -396,7 +459,7 @@ def decode_request(frame: bytes, *, max_frame_bytes: int, handled: set[str]) -> 
     if msg_type not in handled:
         raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"unknown message type {msg_type[:64]!r}", request_id)
     session = env.get("session")
-    if session is not None and (not isinstance(session, str) or not 0 < len(session) <= 128):
+    if session is not None and (not isinstance(session, str) or not 0 < len(session) <= MAX_ID_CHARS):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "envelope field 'session' must be null or a string", request_id)
     body = env.get("body", {})
     if not isinstance(body, dict):

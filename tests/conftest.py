@@ -19,8 +19,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from shared import catalog  # noqa: E402
-from shared import catalog  # noqa: E402
 from shared.config import Config, magnitude_home, parse_config  # noqa: E402
+from shared.process import share_cores_with_openmp  # noqa: E402
+
+share_cores_with_openmp()  # tests run llama.cpp in-process beside the services they start
 
 #: Inputs tried per fuzz target, printed in the test summary.
 FUZZ_COUNTS: dict[str, int] = {}

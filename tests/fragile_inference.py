@@ -19,7 +19,7 @@ class WorkerDied(BaseException):
 class FragileInference(InferenceService):
     def serve(self, job, out):
         if job.request.type == "generate" and job.request.body.get("prompt") == DIE:
-            return self._hand_over(job)  # to the scheduler's thread as it is: run_job below fails there
+            return self.handover.put(job)  # to the scheduler's thread as it is: run_job below fails there
         super().serve(job, out)
 
     def run_job(self, job, out):

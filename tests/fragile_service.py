@@ -24,7 +24,7 @@ class FragileService(Service):
 
     def work_loop(self, out: zmq.Socket) -> None:
         while True:
-            job = self.next_job(0.2, out)
+            job = self.workers.next_job(0.2, out)
             if job is not None and job.request.type == "tool.list":
                 raise WorkerDied("injected: the worker loop itself failed")
             if job is None and self.idle_and_stopping():

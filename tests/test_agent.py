@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from magnitude.agent import Agent, AsyncAgent, Request, _mentions, _Run, submit_feedback
-from shared.client import Client, ServiceError
+from magnitude.agent import Agent, AsyncAgent, submit_feedback
+from services.agent.loop import Request, _mentions, _Run
+from shared.client import AsyncClient, Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import REPO, ServiceProcess, make_config, write_config
 
@@ -338,13 +339,13 @@ def test_native_tool_call_is_parsed_and_executed_and_both_drivers_agree(stack):
 class Recorder:
     """Wraps a client and keeps the bodies of the requests of one type."""
 
-    def __init__(self, client: Client, msg_type: str):
+    def __init__(self, client: AsyncClient, msg_type: str):
         self.client, self.msg_type, self.bodies = client, msg_type, []
 
-    def request(self, msg_type, body=None, session=None, **kw):
+    async def request(self, msg_type, body=None, session=None, **kw):
         if msg_type == self.msg_type:
             self.bodies.append(body)
-        return self.client.request(msg_type, body, session, **kw)
+        return await self.client.request(msg_type, body, session, **kw)
 
     def close(self):
         self.client.close()

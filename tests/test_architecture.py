@@ -1,13 +1,18 @@
-"""The layers point down: shared <- services <- magnitude. And the healthcheck stays light."""
+"""The layers point down: shared <- services <- magnitude; every room holds what its users need, one module owns each
+rule, and the scheduler only schedules. And the healthcheck stays light."""
 
 from __future__ import annotations
 
 import ast
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from shared.client import Client
+from tests.conftest import ServiceProcess, make_config, require_model, write_config
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -15,18 +20,21 @@ REPO = Path(__file__).resolve().parent.parent
 ALLOWED = {"shared": {"shared"}, "services": {"shared", "services"}, "magnitude": {"shared", "services", "magnitude"}}
 
 
-def _project_imports(path: Path) -> set[str]:
-    """Top-level project packages a module imports, wherever in the file (functions included)."""
+def _imported_modules(path: Path) -> set[str]:
+    """Dotted names a module imports, wherever in the file (functions included); ``from a import b`` gives
+    both ``a`` and ``a.b`` (b may be a module)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
+            found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        found |= {n.split(".")[0] for n in names} & set(ALLOWED)
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
     return found
+
+
+def _project_imports(path: Path) -> set[str]:
+    """Top-level project packages a module imports."""
+    return {n.split(".")[0] for n in _imported_modules(path)} & set(ALLOWED)
 
 
 @pytest.mark.parametrize("layer", ["shared", "services"])
@@ -55,3 +63,119 @@ def test_health_script_loads_no_model_runtime_and_no_user_package(tmp_path):
     assert "shared.protocol" in loaded and "zmq" in loaded
     heavy = {m for m in loaded if m.split(".")[0] in ("llama_cpp", "magnitude", "services", "jinja2", "numpy")}
     assert not heavy, f"the healthcheck imported {sorted(heavy)}"
+
+
+# --- every room holds what its users need -------------------------------------------------------------
+def _package(path: Path) -> str:
+    """The package a product module belongs to: ``shared``, ``magnitude`` or ``services.<name>``."""
+    parts = path.relative_to(REPO).parts
+    return ".".join(parts[:2]) if parts[0] == "services" and len(parts) > 2 else parts[0]
+
+
+def _shared_units() -> dict[str, Path]:
+    """The modules under shared/, a subpackage (shared/config, shared/service) counting as one."""
+    units = {}
+    for path in sorted((REPO / "shared").iterdir()):
+        if path.suffix == ".py" and path.name != "__init__.py":
+            units[f"shared.{path.stem}"] = path
+        elif (path / "__init__.py").is_file():
+            units[f"shared.{path.name}"] = path
+    return units
+
+
+def test_every_shared_module_is_imported_by_two_packages():
+    """shared/ is for what is shared: a module only one package uses belongs in that package."""
+    users: dict[str, set[str]] = {unit: set() for unit in _shared_units()}
+    for path in sorted(p for layer in ALLOWED for p in (REPO / layer).rglob("*.py")):
+        importer = _package(path)
+        for name in _imported_modules(path):
+            for unit, where in _shared_units().items():
+                inside = where.is_dir() and where in path.parents or path == where
+                if not inside and (name == unit or name.startswith(unit + ".")):
+                    users[unit].add(importer)
+    lonely = {unit: sorted(packages) for unit, packages in users.items() if len(packages) < 2}
+    assert not lonely, f"shared/ modules used by fewer than two packages (move them to their user): {lonely}"
+
+
+# --- one module owns each request rule ------------------------------------------------------------------
+#: Keyword arguments and calls that state a bound (pydantic's Field, the gateway's Whole).
+_BOUND_KEYWORDS = {"le", "ge", "lt", "gt", "max_length", "min_length", "max_len", "min", "max"}
+_BOUND_CALLS = {"Whole"}
+
+
+def _number(node: ast.AST) -> float | None:
+    """The value of a numeric literal or of constant arithmetic on literals (1 << 20), else None."""
+    if not all(isinstance(n, (ast.Constant, ast.BinOp, ast.UnaryOp, ast.operator, ast.unaryop))
+               for n in ast.walk(node)):
+        return None
+    try:
+        value = eval(compile(ast.Expression(node), "<bound>", "eval"))  # literals and operators only
+    except Exception:
+        return None
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _bound_literals(path: Path) -> list[str]:
+    """Numeric literals other than 0 and 1 written as a bound: a Field(le=..)-style keyword or a Whole() argument."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        values = [k.value for k in node.keywords if k.arg in _BOUND_KEYWORDS]
+        if isinstance(node.func, ast.Name) and node.func.id in _BOUND_CALLS:
+            values += node.args
+        found += [f"{path}:{v.lineno}" for v in values if _number(v) not in (None, 0, 1)]
+    return found
+
+
+def test_no_request_bound_is_written_outside_the_protocol_module():
+    """A request bound (max_tokens, names, ids, sizes) is a constant of shared/protocol.py that every check imports,
+    so the gateway and the services cannot disagree."""
+    offenders = [hit for layer in ("services", "magnitude") for p in sorted((REPO / layer).rglob("*.py"))
+                 for hit in _bound_literals(p)]
+    assert not offenders, f"request bounds written as literals (import them from shared.protocol): {offenders}"
+
+
+def test_the_bound_check_itself_sees_a_literal(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("from pydantic import Field\nx = Field(None, max_length=1 << 16)\ny = Whole(1, 4096)\n"
+                   "ok = Field(None, ge=0, le=MAX_TOKENS)\n")
+    assert [hit.rsplit(":", 1)[1] for hit in _bound_literals(bad)] == ["2", "3"]
+
+
+# --- the scheduler only schedules -----------------------------------------------------------------------
+def test_the_scheduler_module_never_imports_the_service():
+    assert not {n for n in _imported_modules(REPO / "services/inference/scheduler.py")
+                if n.startswith("services.inference.service")}
+
+
+@pytest.mark.model
+def test_the_scheduler_thread_never_runs_service_code(tmp_path, monkeypatch):
+    """Every function the scheduler's thread runs while it serves generations (streamed, cancelled), a control
+    message and the session messages: none is in services/inference/service.py. Its replies go through the
+    prepared request's outlet, its engine work through control.py."""
+    require_model()
+    config = make_config(tmp_path, n_ctx=512)
+    trace = tmp_path / "trace.json"
+    monkeypatch.setenv("TRACE_OUT", str(trace))
+    inference = ServiceProcess("inference", write_config(tmp_path, config), config,
+                               module="tests.traced_inference").start()
+    try:
+        with Client.for_service("inference", config, timeout_s=60) as client:
+            pieces = list(client.generate_stream("The robot drove to the", "s1", max_tokens=8, temperature=0))
+            assert pieces[-1].stats["completion_tokens"] == 8
+            stream = client.generate_stream("Once upon a time", "s2", max_tokens=200, temperature=0)
+            next(stream)
+            stream.close()  # cancels it, mid-generation
+            assert client.request("engine.configure", {"settings": {"spec_draft_tokens": 0}})["settings"]
+            assert client.request("sessions", session="s1") is not None
+            assert client.request("session.drop", session="s1")["dropped"]
+            assert client.request("model.list")["default"]
+    finally:
+        inference.stop()
+    ran = {tuple(pair) for pair in json.loads(trace.read_text())}
+    files = {Path(f).resolve() for f, _ in ran}
+    assert (REPO / "services/inference/scheduler.py").resolve() in files  # the trace saw the scheduler's work
+    assert (REPO / "services/inference/control.py").resolve() in files
+    service_code = sorted(name for f, name in ran if Path(f).resolve() == (REPO / "services/inference/service.py"))
+    assert not service_code, f"the scheduler's thread ran service.py's {service_code}"

@@ -764,7 +764,7 @@ def test_an_internal_error_reply_carries_no_exception_text(tmp_path):
     try:
         bug()
     except PermissionError as exc:
-        service.fail(Job([b"peer"], Request("r1", "tool.list", None, {}), time.monotonic()), Out(), exc)
+        service.answer(Job([b"peer"], Request("r1", "tool.list", None, {}), time.monotonic()), Out()).fail(exc)
     reply = decode_reply(sent[0])
     assert reply.error_code == "internal" and secret_path not in reply.error_message, reply
     assert "ref" in reply.error_message

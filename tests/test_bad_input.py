@@ -53,7 +53,7 @@ def test_busy_when_queue_is_full(inference_service):
     with Client(inference_service.endpoint, timeout_s=120) as c:
         ids = [f"burst-{i}" for i in range(12)]
         for rid in ids:
-            c._socket().send(encode_request("generate", {"prompt": "Tell a story.", "max_tokens": 16},
+            c.send_raw(encode_request("generate", {"prompt": "Tell a story.", "max_tokens": 16},
                                             request_id=rid))
         finals = {}
         while len(finals) < len(ids):

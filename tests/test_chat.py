@@ -171,3 +171,28 @@ def test_bad_chat_requests_are_typed_errors(chat_client, body, code, says):
         chat_client.request("chat", body)
     assert err.value.code == code and says in err.value.message
     assert chat_client.health()["ok"]
+
+
+def test_client_chat_gives_the_same_turn_whether_messages_travel_inline_or_in_shared_memory(chat_client,
+                                                                                            monkeypatch):
+    """``Client.chat`` is the typed call everyone uses; a conversation over the inline limit goes as
+    ``messages_shm``. Same messages, same answer, tool calls included, either way."""
+    from shared import shm
+    ask = dict(tools=TOOLS, max_tokens=48, temperature=0, seed=0)
+    inline = chat_client.chat(ASK, **ask)
+    assert inline.finish_reason == "tool_calls" and inline.tool_calls[0]["function"]["name"] == "calculator"
+    monkeypatch.setattr(shm, "INLINE_LIMIT_BYTES", 16)  # every conversation is "long" now
+    shared = chat_client.chat(ASK, **ask)
+    assert shared.message == {**inline.message, "tool_calls": [
+        {**call, "id": shared.tool_calls[i]["id"]} for i, call in enumerate(inline.tool_calls)]}
+    streamed = list(chat_client.chat_stream(ASK, **ask))
+    assert [p["name"] for p in streamed if isinstance(p, dict)] == ["calculator"]
+    assert streamed[-1].message["tool_calls"][0]["function"] == inline.tool_calls[0]["function"]
+
+
+def test_a_conversation_too_long_for_the_context_is_a_clear_error_in_shared_memory_too(chat_client):
+    from shared import shm
+    long = [{"role": "user", "content": "robot log line. " * (shm.INLINE_LIMIT_BYTES // 16 + 1)}]
+    with pytest.raises(ServiceError) as err:
+        chat_client.chat(long, max_tokens=8)
+    assert err.value.code == "bad_request" and "n_ctx is 4096" in err.value.message, err.value

@@ -5,8 +5,8 @@ The real tokenizer, summarizer and memory are exercised through the agent (tests
 
 import pytest
 
-from magnitude.context import (FACT_CHARS, MESSAGE_OVERHEAD, SUMMARY_HEADING, ContextManager, Count, Remember,
-                               Summarize, Turn, WorkingMemory, drive, transcript)
+from services.agent.context import (FACT_CHARS, MESSAGE_OVERHEAD, SUMMARY_HEADING, ContextManager, Count, Remember,
+                                    Summarize, Turn, WorkingMemory, drive, transcript)
 from shared.config import ContextBudget
 
 

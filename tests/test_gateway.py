@@ -2,7 +2,8 @@
 
 One stack serves the module: inference (the Gemma base model as ``default`` for
 raw completions, the catalog's test chat model by its catalog name), embedding,
-optimizer, and two gateway processes in front of them. ``open`` is the default gateway
+optimizer, tools (for /v1/responses, whose own tests are tests/test_gateway_agent.py),
+and two gateway processes in front of them. ``open`` is the default gateway
 (loopback, no key). ``strict`` needs an API key, admits one request at a time,
 gives up after 1.5 s, takes bodies up to 4 KiB, and has no embedding service
 behind it: with it every error status of the API shows up for a real reason.
@@ -48,8 +49,10 @@ SCHEMATHESIS_ARGS = ["--generation-codec", "utf-8", "--exclude-checks", "positiv
 
 
 def stack_config(home: Path):
+    """Agent runs (schemathesis starts some) are kept short: two steps of 32 tokens."""
     require_model(CHAT_MODEL_PATH)
-    return make_config(home, n_ctx=1024, models={CHAT_MODEL: str(CHAT_MODEL_PATH)})
+    data = make_config(home, n_ctx=1024, models={CHAT_MODEL: str(CHAT_MODEL_PATH)}).model_dump(mode="json")
+    return parse_config({**data, "agent": {**data["agent"], "max_iterations": 2, "max_step_tokens": 32}})
 
 
 class Gateway:
@@ -74,7 +77,7 @@ def stack(tmp_path_factory):
     home = Path(os.path.realpath(tmp_path_factory.mktemp("gw", numbered=True)))
     config = stack_config(home)
     path = write_config(home, config)
-    services = [ServiceProcess(name, path, config).start() for name in ("inference", "embedding", "optimizer")]
+    services = [ServiceProcess(name, path, config).start() for name in ("inference", "embedding", "optimizer", "tools")]
     keys_file = home / "api_keys"
     key = create_key(keys_file, "robot")
     gateways = []

@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from magnitude.agent import Request, _Run
+from services.agent.loop import Request, _Run
 from shared.client import Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import REPO, ServiceProcess, wait_for, write_config

@@ -20,7 +20,7 @@ def test_sigterm_finishes_in_flight_request_then_exits(tmp_path_factory):
     svc = ServiceProcess("inference", write_config(home, config), config).start()
     try:
         with Client(svc.endpoint, timeout_s=120) as client:
-            client._socket().send(encode_request("generate", {"prompt": "Tell me about robots.", "max_tokens": 48},
+            client.send_raw(encode_request("generate", {"prompt": "Tell me about robots.", "max_tokens": 48},
                                                  request_id="inflight"))
             # Wait until the worker has picked it up, then ask the service to stop.
             while client.health()["running"] == 0:
@@ -45,7 +45,7 @@ def test_sigterm_during_the_very_first_prefill_still_answers(tmp_path_factory):
     try:
         with Client(svc.endpoint, timeout_s=120) as client:
             sent = time.monotonic()
-            client._socket().send(encode_request("generate", {"prompt": prompt, "max_tokens": 4}, request_id="first"))
+            client.send_raw(encode_request("generate", {"prompt": prompt, "max_tokens": 4}, request_id="first"))
             while client.health()["running"] == 0:
                 pass
             svc.proc.send_signal(signal.SIGTERM)

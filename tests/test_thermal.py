@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from shared.config import ThermalConfig
-from shared.thermal import read_thermal
+from services.optimizer.thermal import read_thermal
 from services.optimizer.relief import ThermalRelief
 
 MAX_KHZ = 2_000_000

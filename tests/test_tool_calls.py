@@ -12,11 +12,12 @@ import pytest
 from llama_cpp import _internals
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf
-from services.inference.constraint import (MAX_SCHEMA_DEPTH, Constraint, LlamaGrammar, Vocabulary,
+from shared.protocol import MAX_SCHEMA_DEPTH
+from services.inference.constraint import (Constraint, LlamaGrammar, Vocabulary,
                                            _flatten_optional_chains, check_schema, gbnf_constraint,
                                            vocabulary)
 from services.inference.tool_calls import scan, tagged_grammar, tool_table, triggers
-from shared.grammar import nesting_depth
+from services.inference.grammar import nesting_depth
 from shared.protocol import ProtocolError
 from tests.conftest import CHAT_MODEL_PATH, require_model
 

@@ -13,10 +13,8 @@ import numpy as np
 
 from shared.codecs import vectors_to_body
 from shared.config import Config
-from shared.protocol import ErrorCode, ProtocolError, Request
+from shared.protocol import MAX_MEMORY_TEXT_CHARS, ErrorCode, ProtocolError, Request
 from shared.service import Emitter, Service
-
-_MAX_TEXT_CHARS = 1 << 16
 
 
 class Embedder:
@@ -53,7 +51,7 @@ class Embedder:
 
 class EmbeddingService(Service):
     name = "embedding"
-    workers = 1  # one llama.cpp context; batching inside a request is where the speed comes from
+    worker_threads = 1  # one llama.cpp context; batching inside a request is where the speed comes from
 
     def __init__(self, config: Config, endpoint: str | None = None):
         super().__init__(config, endpoint)
@@ -74,8 +72,8 @@ class EmbeddingService(Service):
         for i, text in enumerate(texts):
             if not isinstance(text, str) or not text.strip():
                 raise ProtocolError(ErrorCode.BAD_REQUEST, f"texts[{i}] must be a non-empty string")
-            if len(text) > _MAX_TEXT_CHARS:
-                raise ProtocolError(ErrorCode.BAD_REQUEST, f"texts[{i}] longer than {_MAX_TEXT_CHARS} chars")
+            if len(text) > MAX_MEMORY_TEXT_CHARS:
+                raise ProtocolError(ErrorCode.BAD_REQUEST, f"texts[{i}] longer than {MAX_MEMORY_TEXT_CHARS} chars")
         t0 = time.perf_counter()
         vectors, tokens = self.embedder.embed(texts)
         self.log.debug("embed", request_id=req.id, count=len(texts), ms=round((time.perf_counter() - t0) * 1e3, 1))

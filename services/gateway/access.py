@@ -24,11 +24,11 @@ from starlette.requests import Request
 
 from services.gateway.errors import ApiError
 from services.gateway.keys import ApiKeys
+from services.gateway.schemas import SESSION_PATTERN
 from services.gateway.upstream import Upstreams
 from shared.config import Config
 from shared.metrics import ServiceMetrics
 
-SESSION_PATTERN = r"^[\x21-\x7e]{1,96}$"
 
 
 class RateLimit:

@@ -21,7 +21,7 @@ from prometheus_client import Histogram
 from pydantic import BaseModel
 from starlette.types import ASGIApp
 
-from services.gateway import completions, errors, resources
+from services.gateway import completions, errors, resources, responses
 from services.gateway.access import Gateway
 from services.gateway.middleware import Admission, BodyLimit, HostCheck, Observe
 from shared.protocol import PROTOCOL_VERSION
@@ -58,6 +58,7 @@ def create_app(gw: Gateway, beat: Callable[[], None], on_in_flight: Callable[[in
     errors.install(app, cfg.retry_after_s, gw.log)
     app.include_router(completions.router)
     app.include_router(resources.router)
+    responses.install(app, gw)
     _document(app, gw)
     def respond(err: errors.ApiError) -> ASGIApp:
         return errors.error_response(err, cfg.retry_after_s)
@@ -110,7 +111,7 @@ def _document(app: FastAPI, gw: Gateway) -> None:
                 "description": "an API key from scripts/keys api-key NAME; required once keys exist, and always "
                                "when the gateway listens beyond loopback"}}
             base["paths"]["/health"]["get"]["security"] = []
-            _document_streams(base, completions.STREAM_CHUNKS)
+            _document_streams(base, {**completions.STREAM_CHUNKS, **responses.STREAM_EVENTS})
         document = dict(base)
         if gw.auth_required():
             document["security"] = [{"bearer": []}]

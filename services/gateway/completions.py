@@ -33,6 +33,7 @@ from services.gateway.schemas import (
     CompletionRequest,
     SamplingParams,
 )
+from shared.client import chat_body as client_chat_body
 from shared.protocol import MAX_SEED, ErrorCode, Reply
 
 router = APIRouter()
@@ -49,7 +50,7 @@ STREAM_CHUNKS = {"/v1/chat/completions": ChatCompletionChunk, "/v1/completions":
 async def chat_completions(req: ChatCompletionRequest, gw: Context, session_id: Session, owner: Caller,
                            http: Request):
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await _generate(http, gw, "chat", _owned(chat_body(req), owner), session_id,
+    return await _generate(http, gw, "chat", _owned(chat_body(req, session_id), owner), session_id,
                            ChatShape(req.model, include_usage), req.stream)
 
 
@@ -76,16 +77,16 @@ def sampling_body(req: SamplingParams, max_tokens: int | None) -> dict[str, Any]
     return {k: v for k, v in body.items() if v is not None}
 
 
-def chat_body(req: ChatCompletionRequest) -> dict[str, Any]:
-    body = {"messages": [_message(m) for m in req.messages],
-            **sampling_body(req, req.max_completion_tokens or req.max_tokens)}
+def chat_body(req: ChatCompletionRequest, session_id: str | None) -> dict[str, Any]:
+    """The ``chat`` request, built by the client library (a long conversation goes in shared memory)."""
+    params = sampling_body(req, req.max_completion_tokens or req.max_tokens)
     if req.tools:
-        body["tools"] = [t.model_dump(exclude_none=True) for t in req.tools]
+        params["tools"] = [t.model_dump(exclude_none=True) for t in req.tools]
     if req.tool_choice is not None:
-        body["tool_choice"] = req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump()
+        params["tool_choice"] = req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump()
     if req.response_format is not None and req.response_format.type != "text":
-        body["response_format"] = req.response_format.model_dump(by_alias=True, exclude_none=True)
-    return body
+        params["response_format"] = req.response_format.model_dump(by_alias=True, exclude_none=True)
+    return client_chat_body([_message(m) for m in req.messages], session_id, **params)
 
 
 def _message(m: ChatMessage) -> dict[str, Any]:
@@ -106,7 +107,7 @@ async def _generate(http: Request, gw: Gateway, msg_type: str, body: dict, sessi
                     stream: bool):
     deadline = gw.upstreams.deadline()
     if not stream:
-        reply = await _unless_disconnected(http, gw.upstreams.request("inference", msg_type, body, session_id,
+        reply = await unless_disconnected(http, gw.upstreams.request("inference", msg_type, body, session_id,
                                                                       deadline))
         return shape.result(reply)
     frames = gw.upstreams.stream("inference", msg_type, body, session_id, deadline)
@@ -119,7 +120,7 @@ async def _generate(http: Request, gw: Gateway, msg_type: str, body: dict, sessi
 DISCONNECT_POLL_S = 0.25
 
 
-async def _unless_disconnected(http: Request, work: Awaitable[dict]) -> dict:
+async def unless_disconnected(http: Request, work: Awaitable[dict]) -> dict:
     """``work``'s result; if the HTTP client goes away first, ``work`` is cancelled (and with it the generation:
     the ZeroMQ client sends ``cancel``), and the request ends as 499, as nginx names a closed request."""
     task = asyncio.ensure_future(work)

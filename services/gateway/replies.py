@@ -37,9 +37,7 @@ from services.gateway.schemas import (
     ToolCallDelta,
     Usage,
 )
-
-#: generate's stop_reason -> OpenAI's finish_reason.
-_FINISH = {"eos": "stop", "stop": "stop", "length": "length", "tool_calls": "tool_calls"}
+from shared import protocol
 
 
 def usage(stats: dict[str, Any]) -> Usage:
@@ -58,7 +56,8 @@ def timings(stats: dict[str, Any]) -> Timings:
 
 
 def finish_reason(stats: dict[str, Any]) -> str:
-    return _FINISH.get(stats.get("finish_reason") or stats.get("stop_reason") or "stop", "stop")
+    """A chat reply says it (``finish_reason``); a generate reply's ``stop_reason`` is mapped the same way."""
+    return stats.get("finish_reason") or protocol.finish_reason(stats.get("stop_reason"))
 
 
 class Shape:
@@ -143,9 +142,8 @@ class ChatShape(Shape):
     def reconcile(self, final: dict[str, Any]) -> list[BaseModel]:
         message = final.get("message") or {}
         chunks: list[BaseModel] = []
-        content = message.get("content") or ""
-        if content.startswith(self.streamed_text) and len(content) > len(self.streamed_text):
-            chunks.append(self._chunk(Delta(content=content[len(self.streamed_text):])))
+        if unsent := protocol.unsent_text(message.get("content") or "", self.streamed_text):
+            chunks.append(self._chunk(Delta(content=unsent)))
         for index, call in enumerate(message.get("tool_calls") or []):
             if index not in self.streamed_calls:
                 fn = call.get("function") or {}

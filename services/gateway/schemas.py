@@ -2,8 +2,8 @@
 
 They validate requests (a bad one is a 400 before anything reaches the mesh)
 and they are the OpenAPI document (``/openapi.json``) that schemathesis checks
-the gateway against. Bounds are the ones the services enforce (``max_tokens``
-up to 32768, at most 16 stop strings of up to 256 characters), so the document
+the gateway against. Bounds are the ones the services enforce, imported from
+``shared.protocol`` (``max_tokens``, stop strings, names, ids), so the document
 says what is accepted. Parameters Magnitude cannot honour (``n`` > 1, penalties,
 logprobs) accept only their neutral value: clients that send the default keep
 working, one that asks for more gets a 400 instead of a silent ignore. Unknown
@@ -21,8 +21,11 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from shared.protocol import (MAX_MESSAGES, MAX_SEED, MAX_STOP_CHARS, MAX_STOPS, MAX_TEMPERATURE, MAX_TOKENS,
-                             MAX_TOOLS, MAX_TOP_K)
+from shared.protocol import (MAX_CALL_NAME_CHARS, MAX_DESCRIPTION_CHARS, MAX_EMBED_TEXTS, MAX_ERROR_REASON_CHARS,
+                             MAX_FEEDBACK_DETAILS_BYTES, MAX_GOAL_CHARS, MAX_HTTP_SESSION_CHARS, MAX_ID_CHARS,
+                             MAX_MEMORY_TEXT_CHARS, MAX_MESSAGES, MAX_MODEL_NAME_CHARS, MAX_PROMPT_CHARS, MAX_SEED,
+                             MAX_STOP_CHARS, MAX_STOPS, MAX_TEMPERATURE, MAX_TOKENS, MAX_TOOL_CALLS,
+                             MAX_TOOL_NAME_CHARS, MAX_TOOLS, MAX_TOP_K, MAX_USER_CHARS, MAX_VECTOR_DIMS)
 
 _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
 
@@ -50,9 +53,11 @@ def Whole(ge: int, le: int) -> Any:
 
 #: A free-form JSON object (a JSON schema, feedback details) as the mesh can carry it.
 JsonObject = Annotated[dict[str, Any], AfterValidator(_mesh_numbers)]
-ModelName = Annotated[str, Field(min_length=1, max_length=64, description="a name from GET /v1/models")]
+ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS, description="a name from GET /v1/models")]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 PromptText = Annotated[str, Field(min_length=1)]
+#: An X-Session-Id (and feedback's session_id): printable ASCII.
+SESSION_PATTERN = rf"^[\x21-\x7e]{{1,{MAX_HTTP_SESSION_CHARS}}}$"
 
 
 class _Request(BaseModel):
@@ -80,7 +85,7 @@ class SamplingParams(_Request):
     n: Whole(1, 1) | None = Field(None, description="one choice per request")
     frequency_penalty: float | None = Field(None, ge=0, le=0, description="not supported: only 0")
     presence_penalty: float | None = Field(None, ge=0, le=0, description="not supported: only 0")
-    user: str | None = Field(None, max_length=256, description="accepted, not used")
+    user: str | None = Field(None, max_length=MAX_USER_CHARS, description="accepted, not used")
 
     def stop_list(self) -> list[str] | None:
         return [self.stop] if isinstance(self.stop, str) else self.stop
@@ -93,12 +98,12 @@ class StreamOptions(_Request):
 class FunctionCall(_Request):
     """A call in an earlier assistant message: sent back as it came, so one cut off by max_tokens passes too."""
 
-    name: str = Field(max_length=1024)
-    arguments: str = Field(max_length=1 << 20, description="a JSON object, as a string")
+    name: str = Field(max_length=MAX_CALL_NAME_CHARS)
+    arguments: str = Field(max_length=MAX_PROMPT_CHARS, description="a JSON object, as a string")
 
 
 class ToolCall(_Request):
-    id: str = Field(min_length=1, max_length=128)
+    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
     type: Literal["function"] = "function"
     function: FunctionCall
 
@@ -112,14 +117,14 @@ class ChatMessage(_Request):
     role: Literal["system", "developer", "user", "assistant", "tool"] = Field(
         description="developer is read as system")
     content: str | list[TextPart] | None = Field(None, description="text, or a list of text parts (joined as one)")
-    name: str | None = Field(None, max_length=64)
-    tool_calls: list[ToolCall] | None = Field(None, max_length=64)
-    tool_call_id: str | None = Field(None, max_length=128)
+    name: str | None = Field(None, max_length=MAX_TOOL_NAME_CHARS)
+    tool_calls: list[ToolCall] | None = Field(None, max_length=MAX_TOOL_CALLS)
+    tool_call_id: str | None = Field(None, max_length=MAX_ID_CHARS)
 
 
 class FunctionDefinition(_Request):
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
-    description: str | None = Field(None, max_length=4096)
+    name: str = Field(pattern=rf"^[A-Za-z0-9_-]{{1,{MAX_TOOL_NAME_CHARS}}}$")
+    description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS)
     parameters: JsonObject | None = Field(None, description="a JSON schema of the arguments object")
     strict: bool | None = None
 
@@ -130,7 +135,7 @@ class Tool(_Request):
 
 
 class ToolName(_Request):
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS)
 
 
 class NamedToolChoice(_Request):
@@ -141,8 +146,8 @@ class NamedToolChoice(_Request):
 class JsonSchemaFormat(_Request):
     model_config = ConfigDict(extra="ignore", strict=True, populate_by_name=True)
 
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = Field(None, max_length=4096)
+    name: str = Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS)
+    description: str | None = Field(None, max_length=MAX_DESCRIPTION_CHARS)
     json_schema: JsonObject = Field(alias="schema", description="the JSON schema the reply must validate against")
     strict: bool | None = None
 
@@ -190,19 +195,16 @@ class CompletionRequest(SamplingParams):
 
 class EmbeddingRequest(_Request):
     model: ModelName
-    input: Annotated[str, Field(min_length=1, max_length=1 << 16)] | Annotated[
-        list[Annotated[str, Field(min_length=1, max_length=1 << 16)]], Field(min_length=1, max_length=2048)] = Field(
+    input: Annotated[str, Field(min_length=1, max_length=MAX_MEMORY_TEXT_CHARS)] | Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=MAX_MEMORY_TEXT_CHARS)]],
+        Field(min_length=1, max_length=MAX_EMBED_TEXTS)] = Field(
         description="a text or a list of texts (token arrays are not supported)")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Whole(1, 4096) | None = Field(None, description="must equal the model's dimension")
-    user: str | None = Field(None, max_length=256)
+    dimensions: Whole(1, MAX_VECTOR_DIMS) | None = Field(None, description="must equal the model's dimension")
+    user: str | None = Field(None, max_length=MAX_USER_CHARS)
 
     def texts(self) -> list[str]:
         return [self.input] if isinstance(self.input, str) else self.input
-
-
-#: Feedback is kept as rows on the box: each row's details stay this small.
-MAX_FEEDBACK_DETAILS_BYTES = 16 << 10
 
 
 def _small_details(details: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -212,9 +214,9 @@ def _small_details(details: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 class FeedbackRequest(_Request):
-    session_id: str = Field(pattern=r"^[\x21-\x7e]{1,96}$", description="the X-Session-Id of the run")
+    session_id: str = Field(pattern=SESSION_PATTERN, description="the X-Session-Id of the run")
     success: bool
-    error_reason: str | None = Field(None, max_length=4096)
+    error_reason: str | None = Field(None, max_length=MAX_ERROR_REASON_CHARS)
     details: Annotated[JsonObject | None, AfterValidator(_small_details)] = Field(
         None, description=f"at most {MAX_FEEDBACK_DETAILS_BYTES} bytes as JSON")
 
@@ -401,3 +403,117 @@ class ErrorDetail(_Reply):
 
 class ErrorResponse(_Reply):
     error: ErrorDetail
+
+
+# --- the agent over HTTP: /v1/responses (OpenAI's Responses API, the parts an agent run needs) ---------------
+class FunctionTool(FunctionDefinition):
+    """A tool the caller runs itself: the Responses API's flat function tool (chat's definition, with its type)."""
+
+    type: Literal["function"]
+
+
+class InputMessage(_Request):
+    type: Literal["message"] = "message"
+    role: Literal["user"]
+    content: Annotated[str, Field(min_length=1, max_length=MAX_GOAL_CHARS)]
+
+
+class FunctionCallOutput(_Request):
+    """What the caller's tool gave back for a ``function_call`` item of the previous response."""
+
+    type: Literal["function_call_output"]
+    call_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    output: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
+class ResponseRequest(_Request):
+    model: ModelName | None = Field(None, description="default: agent.model, else the engine's default model")
+    input: Annotated[str, Field(min_length=1, max_length=MAX_GOAL_CHARS)] | Annotated[
+        list[InputMessage | FunctionCallOutput], Field(min_length=1, max_length=1)] = Field(
+        description="a new run: the goal (a string, or one user message); a resumed run: the one "
+                    "function_call_output for the call its previous response handed out")
+    tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS,
+                                             description="tools the caller runs (besides agent.tools, run here)")
+    previous_response_id: str | None = Field(None, max_length=MAX_ID_CHARS,
+                                             description="resume the run that response left waiting for a call")
+    stream: bool = False
+
+
+class OutputText(_Reply):
+    type: Literal["output_text"] = "output_text"
+    text: str
+    annotations: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class MessageItem(_Reply):
+    """The model's text at one step; the run's last one is its answer."""
+
+    type: Literal["message"] = "message"
+    id: str
+    role: Literal["assistant"] = "assistant"
+    status: Literal["completed"] = "completed"
+    content: list[OutputText]
+    step: int = Field(description="extension: the model turn it came from")
+
+
+class FunctionCallItem(_Reply):
+    """A call of a caller's tool: run it, and post its output with previous_response_id to resume the run."""
+
+    type: Literal["function_call"] = "function_call"
+    id: str
+    call_id: str
+    name: str
+    arguments: str = Field(description="a JSON object, as a string")
+    status: Literal["completed"] = "completed"
+    step: int
+
+
+class ToolCallItem(_Reply):
+    """Extension: a call of a configured tool, run by the gateway, with its result (as OpenAI's server-side
+    tools report theirs), so a caller never runs it."""
+
+    type: Literal["tool_call"] = "tool_call"
+    id: str
+    name: str
+    arguments: str
+    output: str
+    error: str | None = None
+    status: Literal["completed", "failed"]
+    step: int
+
+
+OutputItem = Annotated[MessageItem | FunctionCallItem | ToolCallItem, Field(discriminator="type")]
+
+
+class ResponseError(_Reply):
+    code: str
+    message: str
+
+
+class IncompleteDetails(_Reply):
+    reason: Literal["max_iterations"]
+
+
+class Response(_Reply):
+    id: str
+    object: Literal["response"] = "response"
+    created_at: int
+    model: str
+    status: Literal["in_progress", "completed", "requires_action", "incomplete", "failed"] = Field(
+        description="requires_action (extension, as OpenAI's Assistants name it): the last output item is a "
+                    "function_call waiting for its output")
+    output: list[OutputItem]
+    previous_response_id: str | None = None
+    error: ResponseError | None = None
+    incomplete_details: IncompleteDetails | None = None
+
+
+class ResponseEvent(_Reply):
+    """One SSE event of a streamed run (its ``event:`` is its ``type``)."""
+
+    type: Literal["response.created", "response.output_item.done", "response.completed", "response.requires_action",
+                  "response.incomplete", "response.failed"]
+    sequence_number: int
+    response: Response | None = Field(None, description="in response.created and the last event")
+    output_index: int | None = Field(None, description="in response.output_item.done")
+    item: OutputItem | None = None

@@ -58,7 +58,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 class GatewayService(Service):
     name = "gateway"
-    workers = 1  # its thread runs the HTTP server's event loop
+    worker_threads = 1  # its thread runs the HTTP server's event loop
 
     def __init__(self, config: Config, endpoint: str | None = None):
         super().__init__(config, endpoint)
@@ -68,13 +68,20 @@ class GatewayService(Service):
         if not loopback and not keys.present():
             raise SecurityError(f"gateway.host {cfg.host} is not loopback and {keys.path} holds no API key; "
                                 "make one with scripts/keys api-key NAME (or bind 127.0.0.1)")
+        self._http_in_flight = 0  # HTTP requests being answered: they are not the loop's jobs
         self.http_socket = bind(cfg.host, cfg.port)
         self.url = f"http://{_url_host(cfg.host)}:{self.http_socket.getsockname()[1]}"
         self.gateway = Gateway(config, Upstreams(config), keys, loopback, self.metrics, self.log,
                                RateLimit(cfg.feedback_per_minute))
         self.server = uvicorn.Server(uvicorn.Config(
-            create_app(self.gateway, self.beat, self.set_running), log_config=None, access_log=False,
+            create_app(self.gateway, self.workers.beat, self._count_http), log_config=None, access_log=False,
             server_header=False, timeout_graceful_shutdown=config.runtime.drain_timeout_s, lifespan="on"))
+
+    def _count_http(self, n: int) -> None:
+        self._http_in_flight = n
+
+    def running(self) -> int:
+        return self._http_in_flight
 
     def health_details(self) -> dict[str, Any]:
         return {"url": self.url, "auth": "api_keys" if self.gateway.auth_required() else "none (loopback)",

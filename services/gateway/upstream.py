@@ -52,10 +52,15 @@ class Upstreams:
     async def request(self, service: str, msg_type: str, body: dict | None = None, session: str | None = None,
                       deadline: float | None = None) -> dict:
         """One request's final body; mesh errors and the deadline become ``ApiError``s."""
-        deadline = deadline if deadline is not None else self.deadline()
         with mapped_errors(msg_type):
-            async with self.client(service) as client, asyncio.timeout_at(deadline):
-                return await client.request(msg_type, body, session)
+            return await self.exchange(service, msg_type, body, session, deadline)
+
+    async def exchange(self, service: str, msg_type: str, body: dict | None = None, session: str | None = None,
+                       deadline: float | None = None) -> dict:
+        """One request's final body; a ``ServiceError`` or ``TimeoutError`` as raised (the agent loop takes them)."""
+        deadline = deadline if deadline is not None else self.deadline()
+        async with self.client(service) as client, asyncio.timeout_at(deadline):
+            return await client.request(msg_type, body, session)
 
     async def stream(self, service: str, msg_type: str, body: dict, session: str | None,
                      deadline: float) -> AsyncIterator[Reply]:

@@ -27,7 +27,7 @@ from services.inference.chat_template import ChatTemplate, Segment, TemplateErro
 from services.inference.constraint import Constraint, Vocabulary, check_schema
 from services.inference.tool_calls import (OPEN, Tool, ToolCall, answer_or_calls_grammar, scan, tagged_grammar,
                                            tool_table, triggers)
-from shared.protocol import ErrorCode, ProtocolError
+from shared.protocol import ErrorCode, ProtocolError, finish_reason, unsent_text
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -238,8 +238,8 @@ class ChatTurn:
         else:
             content, calls = self._text, []
         if self._emit is not None:
-            if content.startswith(self._streamed) and len(content) > len(self._streamed):
-                self._emit({"text": content[len(self._streamed):]})
+            if unsent := unsent_text(content, self._streamed):
+                self._emit({"text": unsent})
                 self._streamed = content
             for index in range(len(self._ids), len(calls)):
                 self._ids.append(f"call_{secrets.token_hex(12)}")
@@ -260,9 +260,8 @@ class ChatTurn:
         wire_calls = [call.wire(call_id) for call, call_id in zip(calls, self._ids)]
         message = {"role": "assistant", "content": self._content or (None if calls else ""),
                    "tool_calls": wire_calls}
-        finish = "tool_calls" if calls else "length" if result["stop_reason"] == "length" else "stop"
         stats = {k: v for k, v in result.items() if k != "text"}
-        return {"message": message, "finish_reason": finish, **stats}
+        return {"message": message, "finish_reason": finish_reason(result["stop_reason"], bool(calls)), **stats}
 
 
 def prepare_turn(body: dict, cm: ChatModel, vocab: Vocabulary, emit: Callable[[dict], None] | None) -> ChatTurn:

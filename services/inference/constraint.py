@@ -37,11 +37,9 @@ from llama_cpp import _internals
 from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
 from services.inference.patterns import check_patterns
-from shared.grammar import check_grammar, gbnf_pieces
-from shared.protocol import ErrorCode, ProtocolError
+from services.inference.grammar import check_grammar, gbnf_pieces
+from shared.protocol import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, ErrorCode, ProtocolError
 
-MAX_SCHEMA_BYTES = 64 * 1024
-MAX_SCHEMA_DEPTH = 32  # nested JSON containers in a schema
 #: llguidance's own limits, the second line of defence (its defaults allow grammars of 500k symbols).
 _LIMITS = llguidance.LLParserLimits(max_grammar_size=200_000, step_max_items=50_000, max_lexer_states=100_000)
 #: JSON as the templates render it (json.dumps defaults): canonical output re-renders byte-identically.

@@ -24,10 +24,11 @@ from llama_cpp import _internals
 
 from shared import shm
 from shared.config import Config
-from shared.protocol import MAX_STOP_CHARS, ErrorCode, ProtocolError, Request
+from shared.protocol import MAX_STOP_CHARS, ErrorCode, ProtocolError, Request, decode_field
 from services.inference.chat import ChatModel, ChatTurn, prepare_turn
 from services.inference.constraint import Vocabulary, gbnf_constraint, vocabulary
 from services.inference.engine import init_backend
+from services.inference.handover import Outlet
 from services.inference.models import ModelPool
 from services.inference.scheduler import GenerateParams, GenerationRequest
 
@@ -119,20 +120,19 @@ class Preparer:
                 lexicon = self._lexicons[path] = Lexicon(name, path)
             return name, lexicon
 
-    def prepare(self, req: Request, owner: str, on_text: Callable[[dict], None] | None,
-                send_ok: Callable[[dict], None], on_error: Callable[[Exception], None],
-                cancelled: Callable[[], bool]) -> GenerationRequest:
-        """The request as the scheduler runs it. ``on_text`` gets streamed events (None: not streaming),
-        ``send_ok`` the final body, ``on_error`` a failure; raises ``ProtocolError`` for a bad request."""
+    def prepare(self, req: Request, owner: str, outlet: Outlet) -> GenerationRequest:
+        """The request as the scheduler runs it, answering through ``outlet`` (streamed events only when the
+        request streams); raises ``ProtocolError`` for a bad request."""
         t0 = time.perf_counter()
         body, n_ctx = req.body, self.config.engine.n_ctx
         params = self.params(body)
         name, lexicon = self.lexicon(body.get("model"))
+        on_text = outlet.event if body.get("stream") else None
         finish: Callable[[dict], dict] = lambda result: result
         text_out = (lambda text: on_text({"text": text})) if on_text else None
         constraint = None
         if req.type == "chat":
-            turn = lexicon.chat_turn(body, on_text)
+            turn = lexicon.chat_turn(_with_messages(req, n_ctx), on_text)
             prompt, constraint, finish, text_out = turn.prompt, turn.constraint, turn.reply, turn.on_text
         else:
             prompt = lexicon.tokenize(_prompt_text(req, n_ctx))
@@ -142,9 +142,13 @@ class Preparer:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"prompt is {len(prompt)} tokens; n_ctx is {n_ctx}")
         self._may_load(name)
         return GenerationRequest(
-            prompt, params, on_done=lambda result: send_ok(finish(result)), on_error=on_error, owner=owner,
-            session=req.session, model=name, constraint=constraint, on_text=text_out, cancelled=cancelled,
+            prompt, params, on_done=lambda result: outlet.done(finish(result)), on_error=outlet.failed, owner=owner,
+            session=req.session, model=name, constraint=constraint, on_text=text_out, cancelled=outlet.cancelled,
             stats={"prepare_ms": round((time.perf_counter() - t0) * 1000, 3)})
+
+    def on_tokenize(self, req: Request, _) -> dict:
+        """The ``tokenize`` message: the default model's token ids of a text."""
+        return {"tokens": self.lexicon(None)[1].tokenize(req.body["text"])}
 
     def params(self, body: dict) -> GenerateParams:
         """Sampling parameters (their ranges are checked by ``shared.protocol``), defaults filled in."""
@@ -162,6 +166,16 @@ class Preparer:
 
 #: Well above the longest token text of any vocabulary: a prompt_shm longer than n_ctx of these cannot fit.
 _MAX_BYTES_PER_TOKEN = 256
+
+
+def _with_messages(req: Request, n_ctx: int) -> dict:
+    """A chat body with its messages inline, read from ``messages_shm`` when they came that way."""
+    if "messages_shm" in req.body:
+        data = shm.take_bytes(req.body["messages_shm"], req.session, max_bytes=n_ctx * _MAX_BYTES_PER_TOKEN)
+        return {**req.body, "messages": decode_field("chat", "messages", data, req.id)}
+    if "messages" in req.body:
+        return req.body
+    raise ProtocolError(ErrorCode.BAD_REQUEST, "missing required field 'messages' (or 'messages_shm')")
 
 
 def _prompt_text(req: Request, n_ctx: int) -> str:

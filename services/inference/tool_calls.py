@@ -25,11 +25,10 @@ import jsonschema
 
 from services.inference.constraint import Trigger, Vocabulary, check_schema, compile_lark, json_lark
 from services.inference.patterns import linear_validator
-from shared.protocol import MAX_TOOLS, ErrorCode, ProtocolError
+from shared.protocol import MAX_TOOL_NAME_CHARS, MAX_TOOLS, MAX_TOOLS_BYTES, ErrorCode, ProtocolError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-MAX_TOOLS_BYTES = 256 * 1024  # all the tools' schemas together: they become one grammar
-_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_NAME = re.compile(rf"^[A-Za-z0-9_.\-]{{1,{MAX_TOOL_NAME_CHARS}}}$")
 _FENCE = re.compile(r"```([^`\n]*)\n")
 _DECODER = json.JSONDecoder()
 #: A bare or fenced call at the start of the reply (its braces maybe doubled), recognised once "name" is written.

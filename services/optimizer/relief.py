@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from shared.config import ThermalConfig
-from shared.thermal import ThermalReading
+from services.optimizer.thermal import ThermalReading
 
 
 class ThermalRelief:

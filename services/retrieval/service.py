@@ -46,7 +46,7 @@ def _metadata(value, where: str) -> dict:
 
 class RetrievalService(Service):
     name = "retrieval"
-    workers = 1  # one SQLite writer; WAL lets the CLI and tools read the file meanwhile
+    worker_threads = 1  # one SQLite writer; WAL lets the CLI and tools read the file meanwhile
 
     def __init__(self, config: Config, endpoint: str | None = None):
         super().__init__(config, endpoint)

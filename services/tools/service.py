@@ -85,7 +85,7 @@ def python_target(target: str) -> tuple[str, list[Path]]:
 
 class ToolService(Service):
     name = "tools"
-    workers = 4
+    worker_threads = 4
 
     def __init__(self, config: Config, endpoint: str | None = None):
         super().__init__(config, endpoint)

@@ -9,6 +9,7 @@ from pydantic import Field, create_model, field_validator, model_validator
 
 from shared import catalog
 from shared.config.base import Section
+from shared.protocol import MAX_TOKENS
 
 
 
@@ -44,7 +45,7 @@ class EngineConfig(Section):
                                                                        "and KV; the least recently used goes")
     self_optimize: bool = True
     optimization_window: int = Field(50, ge=5, le=10000, description="requests per optimizer decision")
-    default_max_tokens: int = Field(256, ge=1, le=32768)
+    default_max_tokens: int = Field(256, ge=1, le=MAX_TOKENS)
 
     @field_validator("prefill_chunk_size")
     @classmethod

