@@ -160,6 +160,6 @@ def test_a_number_is_backed_when_given_read_or_computed_even_rounded():
     memory.add("calculator", '{"expression": "250 * 10 / 4"}', "625.0")
     assert memory.invented("For 10 people (not 4) you need 625 g, 250 g for 4; Max weighs 23 kg.") == []
     memory.add("calculator", '{"expression": "23 * 2.20462"}', "50.70626")
-    assert memory.invented("About 51 pounds, or 50.71.") == []  # rounded from what was computed
-    assert memory.invented("About 52 pounds, 1,625 g and 50.8.") == ["52", "1625", "50.8"]
+    assert memory.invented("About 51 pounds, or 50.71, at least 50.") == []  # rounded up or down from a result
+    assert memory.invented("About 52 pounds, 1,625 g and 50.9.") == ["52", "1625", "50.9"]
     assert WorkingMemory("How many legs does a spider have?").invented("A spider has 8 legs.") == []  # no source

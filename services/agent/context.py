@@ -320,14 +320,15 @@ class WorkingMemory:
         return [path for path in dict.fromkeys(named) if path not in asked]
 
     def invented(self, answer: str) -> list[str]:
-        """Numbers in ``answer`` that the goal, the memories and the tool results do not hold, even rounded
-        (only once a tool ran or the goal has numbers: "a spider has 8 legs" needs no source)."""
+        """Numbers in ``answer`` that the goal, the memories and the tool results do not hold, even rounded up or
+        down to the digits written (only once a tool ran or the goal has numbers: "a spider has 8 legs" needs no
+        source)."""
         known = [v for text in (self.goal, *self.memories, *(r for _, _, r in self.facts)) for _, v in _values(text)]
         if not self.facts and not _values(self.goal):
             return []
-        def grounded(written: str, value: float) -> bool:
-            decimals = len(written.partition(".")[2])
-            return any(math.isclose(v, value, abs_tol=1e-9) or round(v, decimals) == value for v in known)
+        def grounded(written: str, value: float) -> bool:  # within one unit of its last digit: 8029 for 8029.7
+            unit = 10.0 ** -len(written.partition(".")[2])
+            return any(abs(v - value) < unit or math.isclose(v, value, abs_tol=1e-9) for v in known)
         return list(dict.fromkeys(w for w, v in _values(answer) if not grounded(w, v)))
 
     def unmet(self, answer: str) -> list[str]:
