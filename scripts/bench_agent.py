@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
 """Agent task success: Magnitude's agent vs a plain OpenAI-style tool loop on llama-server, same model, one run.
 
-46 tasks over the built-in tools (arithmetic for the calculator, files the bench
+69 tasks over the built-in tools (arithmetic for the calculator, files the bench
 writes for file_reader, memories it stores for memory_search, tasks that need two
-tools, tasks that need none) and 8 that need an MCP server's tool (a home robot's
+tools, multi-step tasks that need two or three dependent calls: a file naming the
+file that holds the answer, a file's or a memory's figures to compute with, a unit
+to convert to, a list to count or sum; tasks that need none) and 8 that need an MCP server's tool (a home robot's
 sensors, drives and doors: examples/mcp/home_robot.py, started by the tool service
 over stdio only when the run has mcp tasks), each with an expected answer checked strictly: the
 final answer must hold the expected number (compared as a number) or every
 expected phrase (as whole words); an answer that merely contains a tool call, or
-a wrong number, fails.
+a wrong number, fails; no task's question passes its own check (tests/test_bench_tasks.py).
 
 Per model, two phases run one after the other on the same GGUF:
   magnitude  the stack's own services (inference, tools, embedding, retrieval,
@@ -68,7 +70,7 @@ SYSTEMS = ("magnitude", "http", "peer")
 
 @dataclass(frozen=True)
 class Task:
-    kind: str  # arithmetic | file | memory | two_tools | no_tool | mcp
+    kind: str  # arithmetic | file | memory | two_tools | multi_step | no_tool | mcp
     goal: str
     expected: tuple[str, ...]  # every item must be in the answer; "a|b": either
 
@@ -119,6 +121,42 @@ TASKS = [
                       "electricity cost in euros.", ("98",)),
     Task("two_tools", "Read the speed in robot_speed.txt and compute how many metres the robot covers in "
                       "15 minutes.", ("630",)),
+    Task("multi_step", "My bike lock code is in the file that todo.txt points to. What is the code?", ("3817",)),
+    Task("multi_step", "index.txt says which file has this week's menu. What is for dinner on Friday?", ("lasagne",)),
+    Task("multi_step", "contacts.txt tells where the babysitter's details are. What is her phone number?",
+         ("555-0178",)),
+    Task("multi_step", "The dishwasher's manual is listed in manuals.txt. Which program does it recommend for "
+                       "glasses?", ("Delicate",)),
+    Task("multi_step", "recipe.txt is for 4 people. How many grams of flour do I need to make it for 10?",
+         ("625",)),
+    Task("multi_step", "What did the shopping on receipt.txt cost in total, in euros?", ("12.5",)),
+    Task("multi_step", "According to cleaning_log.txt, how many minutes did the robot clean in total?", ("156",)),
+    Task("multi_step", "readings.csv has the water meter readings. How many litres did we use from the first "
+                       "reading to the last?", ("1662",)),
+    Task("multi_step", "Each plant in plants.txt gets its amount of water twice a week. How many millilitres is "
+                       "that per week for all of them?", ("800",)),
+    Task("multi_step", "How many things are on the packing list in packing.txt?", ("11|eleven",)),
+    Task("multi_step", "How many people have said yes in rsvp.txt?", ("4|four",)),
+    Task("multi_step", "How long is the hallway in centimetres? It is in my memories.", ("720",)),
+    Task("multi_step", "My memories say how much the robot's mopping tank holds. How many millilitres is that?",
+         ("1800",)),
+    Task("multi_step", "How many minutes does the drive to grandma's take? Check my memories.", ("160",)),
+    Task("multi_step", "How many litres of heating oil are left in the tank? My memories have the tank's size "
+                       "and how full it is.", ("525",)),
+    Task("multi_step", "What does our dog Max weigh in pounds, rounded to a whole number? His weight is in my "
+                       "memories.", ("51",)),
+    Task("multi_step", "car_log.txt has the fuel for the trip to the coast, and my memories have the price per "
+                       "litre. What did the fuel for that trip cost?", ("114.56",)),
+    Task("multi_step", "How many days will the cat food in pantry.txt last? My memories say how long one bag "
+                       "lasts.", ("60",)),
+    Task("multi_step", "windows.txt lists our windows, and my memories have the window cleaner's price per "
+                       "window. What will cleaning all of them cost?", ("63",)),
+    Task("multi_step", "savings.txt has what Lena has saved for her bike, and my memories have her weekly pocket "
+                       "money. How many more weeks does she need to save?", ("18",)),
+    Task("multi_step", "How many hours does the roast in oven.txt need?", ("1.5|one and a half|1 hour and 30",)),
+    Task("multi_step", "How wide is the shelf in shelf.txt, in centimetres?", ("91.44",)),
+    Task("multi_step", "thermostat.txt has the settings in Fahrenheit. What is the night setting in Celsius?",
+         ("15",)),
     Task("no_tool", "What is the capital of France?", ("Paris",)),
     Task("no_tool", "How many legs does a spider have?", ("8|eight",)),
     Task("no_tool", "What colour do you get by mixing blue and yellow?", ("green",)),
@@ -134,7 +172,7 @@ TASKS = [
     Task("mcp", "Is the back door locked?", ("unlocked",)),
     Task("mcp", "What is the robot's battery level at its dock right now?", ("97",)),
 ]
-KINDS = ("arithmetic", "file", "memory", "two_tools", "no_tool", "mcp")
+KINDS = ("arithmetic", "file", "memory", "two_tools", "multi_step", "no_tool", "mcp")
 #: The MCP server the mcp tasks need, as a robot program would configure it.
 MCP_SERVER = {"name": "home", "command": [sys.executable, str(REPO / "examples" / "mcp" / "home_robot.py")],
               "roots": [str(REPO / "examples" / "mcp")]}
@@ -155,6 +193,29 @@ FILES = {
     "stock.txt": "tins of soup: 23\ntins of beans: 17\n",
     "usage.txt": "Electricity used last month: 350 kWh\n",
     "robot_speed.txt": "Cruising speed: 42 metres per minute\n",
+    "todo.txt": "Buy stamps\nThe bike lock code is in notes/bike.txt\nCall the dentist\n",
+    "notes/bike.txt": "Bike lock code: 3817\n",
+    "index.txt": "This week's menu: menus/week49.txt\nCleaning rota: rota.txt\n",
+    "menus/week49.txt": "Monday: tomato soup\nWednesday: risotto\nFriday: lasagne\n",
+    "contacts.txt": "Babysitter: details in people/babysitter.txt\nNeighbour: Mr Okafor, flat 2\n",
+    "people/babysitter.txt": "Name: Ines\nPhone: 555-0178\n",
+    "manuals.txt": "Dishwasher: manuals/dishwasher.txt\nWashing machine: manuals/washer.txt\n",
+    "manuals/dishwasher.txt": "Pots and pans: Intensive 70\nEveryday dishes: Eco 50\nGlasses: Delicate 40\n",
+    "recipe.txt": "Pancakes for 4 people\nflour: 250 g\nmilk: 500 ml\neggs: 2\n",
+    "receipt.txt": "bread 2.40\ncheese 5.85\napples 3.10\nmilk 1.15\n",
+    "cleaning_log.txt": "Monday: 35 minutes\nTuesday: 42 minutes\nWednesday: 28 minutes\nThursday: 51 minutes\n",
+    "readings.csv": "date,litres\n2026-11-01,48210\n2026-11-15,49035\n2026-11-30,49872\n",
+    "plants.txt": "fern: 200 ml\ncactus: 50 ml\nbasil: 150 ml\n",
+    "packing.txt": "passports\ntickets\nsun cream\ntoothbrushes\nphone chargers\nswimsuits\ntowels\n"
+                   "hats\nbooks\nsnacks\nfirst aid kit\n",
+    "rsvp.txt": "Ana: yes\nBruno: no\nChiara: yes\nDavid: yes\nEmma: maybe\nFelix: yes\nGreta: no\n",
+    "car_log.txt": "Trip to the coast: 64 litres of fuel\nTrip to the city: 12 litres of fuel\n",
+    "pantry.txt": "rice: 2 packs\ncat food: 5 bags\npasta: 3 packs\n",
+    "windows.txt": "ground floor: 8 windows\nfirst floor: 6 windows\n",
+    "savings.txt": "Lena wants a bike that costs 150 euros. She has saved 42 euros so far.\n",
+    "oven.txt": "Roast: 180 degrees Celsius for 90 minutes\n",
+    "shelf.txt": "Bookshelf: 36 inches wide, 72 inches tall\n",
+    "thermostat.txt": "Day: 70 F\nNight: 59 F\n",
 }
 MEMORIES = [
     "The spare house keys are in the blue bowl by the front door.",
@@ -171,6 +232,15 @@ MEMORIES = [
     "The robot's battery lasts 95 minutes on a full charge.",
     "The garden is 12 metres long and 9 metres wide.",
     "The electricity price is 0.28 euros per kWh.",
+    "The hallway is 7.2 metres long.",
+    "The robot's mopping tank holds 1.8 litres of water.",
+    "The drive to grandma's takes 2 hours and 40 minutes.",
+    "The heating oil tank holds 1500 litres and is 35% full.",
+    "Max the dog weighs 23 kilograms.",
+    "Fuel costs 1.79 euros per litre.",
+    "One bag of cat food lasts 12 days.",
+    "The window cleaner charges 4.50 euros per window.",
+    "Lena gets 6 euros of pocket money a week.",
 ]
 
 _NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")

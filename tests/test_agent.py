@@ -140,6 +140,85 @@ def test_a_tool_named_in_prose_is_found_however_it_is_spelled(prose, tool):
     assert (names[int(found.lastgroup[1:])] if found else None) == tool
 
 
+FILE_READER = {"name": "file_reader", "kind": "builtin", "description": "Read a text file.",
+               "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}
+
+
+class WithFiles(Scripted):
+    """Scripted services with a file reader over ``files`` beside the calculator."""
+
+    def __init__(self, replies: list[dict], files: dict[str, str]):
+        super().__init__(replies)
+        self.files = files
+
+    def __call__(self, req: Request):
+        if req.type == "tool.list":
+            self.requests.append(req)
+            return {"tools": [CALCULATOR, FILE_READER]}
+        if req.type == "tool.call" and req.body["tool"] == "file_reader":
+            self.requests.append(req)
+            path = req.body["args"]["path"]
+            return {"output": self.files[path]} if path in self.files else ServiceError("not_found", path)
+        return super().__call__(req)
+
+
+def answer(text: str) -> dict:
+    return {"role": "assistant", "content": text}
+
+
+def test_each_step_restates_what_the_tools_gave_and_the_file_still_to_read():
+    goal = "My bike lock code is in the file that todo.txt points to. What is the code?"
+    files = {"todo.txt": "Buy stamps\nThe bike lock code is in notes/bike.txt\n", "notes/bike.txt": "Code: 3817\n"}
+    services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "todo.txt"}')]},
+                          {"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "notes/bike.txt"}', "c2")]},
+                          answer("The code is 3817.")], files)
+    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    assert trace.answer == "The code is 3817." and not any(s.rejected for s in trace.steps)
+    second, third = [r.body["messages"][-1]["content"] for r in services.requests if r.type == "chat"][1:]
+    assert second.startswith(f"Task: {goal}\nFound so far:\n"
+                             '- file_reader {"path": "todo.txt"} -> Buy stamps / The bike lock code is in notes/bike.txt\n'
+                             "Not read yet: notes/bike.txt.\n")
+    assert '{"path": "notes/bike.txt"} -> Code: 3817' in third and "Not read yet" not in third
+
+
+def test_an_answer_that_only_points_to_an_unread_file_is_sent_back_to_the_reader():
+    goal = "My bike lock code is in the file that todo.txt points to. What is the code?"
+    files = {"todo.txt": "The bike lock code is in notes/bike.txt\n", "notes/bike.txt": "Code: 3817\n"}
+    services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "todo.txt"}')]},
+                          answer("The bike lock code is kept in notes/bike.txt."),
+                          {"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "notes/bike.txt"}', "c2")]},
+                          answer("The code is 3817.")], files)
+    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    assert trace.answer == "The code is 3817." and trace.stopped == "final_answer"
+    assert [s.rejected for s in trace.steps] == [None, "notes/bike.txt has not been read yet", None, None]
+    chats = [r.body for r in services.requests if r.type == "chat"]
+    assert chats[2]["tool_choice"] == {"type": "function", "function": {"name": "file_reader"}}  # the tool that read
+    why = chats[2]["messages"][-1]  # the rejected answer stays out of the history (the model would copy it)
+    assert chats[2]["messages"][:-1] == chats[1]["messages"]
+    assert why["role"] == "user" and "did not answer the task yet: notes/bike.txt has not been read yet" in why["content"]
+
+
+def test_a_number_no_tool_gave_is_sent_back_at_most_answer_checks_times():
+    goal = "What is 23 * 47?"
+    services = Scripted([answer("It is 1000."), answer("It is 1001."),
+                         {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]},
+                         answer("It is 1081.")])
+    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    assert trace.answer == "It is 1081." and [bool(s.rejected) for s in trace.steps] == [True, True, False, False]
+    assert trace.steps[0].rejected == "1000 was not read or computed with a tool; compute with a tool"
+    assert [r.body["tool_choice"] for r in services.requests if r.type == "chat"] == ["auto"] * 4
+    # with the checks spent, a made-up number stands: the run ends with an answer, not in a loop
+    services = Scripted([answer("It is 1000."), answer("It is 1001.")])
+    trace = drive(_Run(parse_config({"agent": {"answer_checks": 1}}), goal, "s1", 6), services)
+    assert trace.answer == "It is 1001." and trace.stopped == "final_answer"
+
+
+def test_an_answer_with_no_number_to_back_and_no_file_named_stands_at_once():
+    services = Scripted([answer("Paris.")])
+    trace = drive(_Run(parse_config({}), "What is the capital of France?", "s1", 6), services)
+    assert trace.answer == "Paris." and len(trace.steps) == 1
+
+
 def test_inference_failure_ends_the_run_with_an_error_and_max_iterations_bounds_it():
     class Down(Scripted):
         def __call__(self, req):
@@ -156,7 +235,7 @@ def test_inference_failure_ends_the_run_with_an_error_and_max_iterations_bounds_
 def test_optimizer_advice_compresses_the_history():
     steps = [{"role": "assistant", "content": "x " * 400, "tool_calls": [call("calculator", f'{{"expression": "{n}"}}')]}
              for n in range(5)]
-    services = Scripted(steps + [{"role": "assistant", "content": "1081"}], advice=True)
+    services = Scripted(steps + [{"role": "assistant", "content": "I could not compute it."}], advice=True)
     trace = drive(_Run(parse_config({}), "goal", "s1", 8), services)
     compressed = [s.index for s in trace.steps if s.compressed]
     assert compressed and all(b - a >= 3 for a, b in zip(compressed, compressed[1:]))  # not at every step
@@ -210,6 +289,9 @@ def stack(run_home):
     home = run_home / "agent"
     (home / "files").mkdir(parents=True)
     (home / "files" / "log.txt").write_text(log_page())
+    (home / "files" / "notes").mkdir()
+    (home / "files" / "todo.txt").write_text("Buy stamps\nThe bike lock code is in notes/bike.txt\nCall the dentist\n")
+    (home / "files" / "notes" / "bike.txt").write_text("Bike lock code: 3817\n")
     base = make_config(home, model_path=str(model), n_ctx=N_CTX)
     config = parse_config({**base.model_dump(mode="json"), "agent": {
         "tools": [{"name": "calculator"}, {"name": "file_reader"}, {"name": "memory_search"}],
@@ -314,3 +396,19 @@ def test_a_run_longer_than_n_ctx_finishes_by_summarizing_into_memory(stack):
         hits = retrieval.request("memory.query", {"collection": config.agent.memory_collection, "k": 5,
                                                   "text": outputs[0], "filter": {"session": trace.session_id}})["hits"]
     assert any(h["text"] == outputs[0] for h in hits)  # the file's turn, verbatim, in long-term memory
+
+
+@pytest.mark.model
+@pytest.mark.xfail(strict=True, reason="known gap: on this stack (n_ctx 1024) the 1.5B reads todo.txt, then repeats "
+                                       "that read instead of reading notes/bike.txt (the bench, n_ctx 4096, solves it)")
+def test_a_file_that_names_another_file_is_followed_to_the_answer(stack):
+    """Two dependent reads: the goal's file only says where the answer is; the run reads that file too."""
+    config, _ = stack
+    agent = Agent(config)
+    try:
+        trace = agent.run("My bike lock code is in the file that todo.txt points to. What is the code?")
+    finally:
+        agent.close()
+    reads = [json.loads(c.arguments).get("path") for s in trace.steps for c in s.calls if c.name == "file_reader"]
+    assert "todo.txt" in reads and "notes/bike.txt" in reads, [(s.content, s.rejected, s.calls) for s in trace.steps]
+    assert trace.stopped == "final_answer" and "3817" in trace.answer, trace

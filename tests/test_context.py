@@ -5,8 +5,8 @@ The real tokenizer, summarizer and memory are exercised through the agent (tests
 
 import pytest
 
-from services.agent.context import (MESSAGE_OVERHEAD, SUMMARY_HEADING, ContextManager, Count, Remember, Summarize, Turn,
-                                    drive, transcript)
+from services.agent.context import (FACT_CHARS, MESSAGE_OVERHEAD, SUMMARY_HEADING, ContextManager, Count, Remember,
+                                    Summarize, Turn, WorkingMemory, drive, transcript)
 from shared.config import ContextBudget
 
 
@@ -120,3 +120,46 @@ def test_budget_shares_are_validated():
 
 def test_transcript_names_the_roles():
     assert transcript([Turn("user", "hi"), Turn("tool", "42")]) == "User: hi\nTool: 42"
+
+
+# --- the working memory ------------------------------------------------------------------------------
+def test_working_memory_names_the_files_still_to_read_and_restates_each_result():
+    memory = WorkingMemory("My bike lock code is in the file that todo.txt points to. What is the code?")
+    assert memory.unread() == ["todo.txt"]
+    other = WorkingMemory(memory.goal)
+    other.add("file_reader", '{"path": "my_todo.txt"}', "Error: not_found: my_todo.txt")
+    assert other.unread() == ["todo.txt"]  # another file whose name ends the same is not it
+    memory.add("file_reader", '{"path": "todo.txt"}', "Buy stamps\nThe bike lock code is in notes/bike.txt\n")
+    assert memory.unread() == ["notes/bike.txt"]  # the goal's file is read; the one it names is not
+    note = memory.note()
+    assert note.splitlines() == [
+        "Task: My bike lock code is in the file that todo.txt points to. What is the code?",
+        "Found so far:",
+        '- file_reader {"path": "todo.txt"} -> Buy stamps / The bike lock code is in notes/bike.txt',
+        "Not read yet: notes/bike.txt."]
+    assert memory.unmet("The code is kept in notes/bike.txt.") == ["notes/bike.txt has not been read yet"]
+    memory.add("file_reader", '{"path": "index.txt"}', "Menus: menus/week49.txt\nRota: rota.txt\n")
+    assert memory.unmet("The lock is on the bike.") == []  # files neither the goal nor the answer names: not asked for
+    assert memory.unmet("See menus/week49.txt.") == ["menus/week49.txt has not been read yet"]
+    memory.add("file_reader", '{"path": "notes/bike.txt"}', "Bike lock code: 3817\n")
+    assert memory.unread() == ["menus/week49.txt", "rota.txt"] and memory.unread(memory.goal) == []
+    assert memory.note().endswith("Not read yet: menus/week49.txt, rota.txt.")
+
+
+def test_working_memory_cuts_a_long_result_and_takes_no_number_for_a_path():
+    memory = WorkingMemory("Read log.txt")
+    memory.add("file_reader", '{"path": "log.txt"}', "x" * 1000 + " see version 2.4.1, e.g. 0.35 and v1.2")
+    assert memory.unread() == []  # 2.4.1, e.g., 0.35 and v1.2 are not files
+    assert len(memory.note().splitlines()[2]) < FACT_CHARS + 60 and memory.note().endswith("...")
+
+
+def test_a_number_is_backed_when_given_read_or_computed_even_rounded():
+    memory = WorkingMemory("recipe.txt is for 4 people. How much flour do I need for 10?", ["Max weighs 23 kg."])
+    assert memory.invented("You need 625 grams.") == ["625"]  # neither in the goal nor read: made up
+    memory.add("file_reader", '{"path": "recipe.txt"}', "flour: 250 g")
+    memory.add("calculator", '{"expression": "250 * 10 / 4"}', "625.0")
+    assert memory.invented("For 10 people (not 4) you need 625 g, 250 g for 4; Max weighs 23 kg.") == []
+    memory.add("calculator", '{"expression": "23 * 2.20462"}', "50.70626")
+    assert memory.invented("About 51 pounds, or 50.71, at least 50.") == []  # rounded up or down from a result
+    assert memory.invented("About 52 pounds, 1,625 g and 50.9.") == ["52", "1625", "50.9"]
+    assert WorkingMemory("How many legs does a spider have?").invented("A spider has 8 legs.") == []  # no source

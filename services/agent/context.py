@@ -13,12 +13,19 @@ drive the same logic, and tests drive it with plain functions (``drive``).
 Summaries are made with head-room (the kept turns fill half of what they may
 use), so the next steps append to an unchanged prompt and the session's KV
 cache keeps being reused until the budget is reached again.
+
+``WorkingMemory`` is a run's short record of what its tools gave: restated in
+each step's prompt with what the task still needs (a file named but not yet
+read), and the yardstick a candidate answer is checked against (no unread file,
+no number that was neither given, read nor computed).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Sequence
 
@@ -273,3 +280,74 @@ def turn_text(message: dict) -> str:
     """What of a chat message is counted and remembered: its content and its tool calls."""
     calls = [f"{c['function']['name']}({c['function']['arguments']})" for c in message.get("tool_calls") or []]
     return " ".join([message.get("content") or "", *calls]).strip() or json.dumps(message)
+
+
+#: A file path as tasks and files write them (``notes/bike.txt``, ``readings.csv``): a 2-5 letter extension.
+PATH = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{1,4})(?![\w/])")
+#: A number as written in text (``1,840``, ``-3``, ``0.35``); not the digits inside a word.
+_NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
+#: Characters of one tool result restated in the working memory.
+FACT_CHARS = 240
+
+
+def _values(text: str) -> list[tuple[str, float]]:
+    """Each number in ``text``: as written (for its decimals) and its value."""
+    out = []
+    for written in _NUMBER.findall(text):
+        written = written.replace(",", "")
+        try:
+            out.append((written, float(written)))
+        except ValueError:  # "1,,2": not a number after all
+            continue
+    return out
+
+
+@dataclass
+class WorkingMemory:
+    """What one run knows: the goal, recalled memories, and each tool call with its result, oldest first."""
+
+    goal: str
+    memories: Sequence[str] = ()
+    facts: list[tuple[str, str, str]] = field(default_factory=list)  # (tool, arguments as JSON, result)
+
+    def add(self, tool: str, arguments: str, result: str) -> None:
+        self.facts.append((tool, arguments, result))
+
+    def unread(self, *texts: str) -> list[str]:
+        """Files ``texts`` name (default: the goal and every result) that no call has been given yet."""
+        asked = set(PATH.findall(" ".join(arguments for _, arguments, _ in self.facts)))  # whole names only
+        named = PATH.findall(" ".join(texts or [self.goal, *(result for _, _, result in self.facts)]))
+        return [path for path in dict.fromkeys(named) if path not in asked]
+
+    def invented(self, answer: str) -> list[str]:
+        """Numbers in ``answer`` that the goal, the memories and the tool results do not hold, even rounded up or
+        down to the digits written (only once a tool ran or the goal has numbers: "a spider has 8 legs" needs no
+        source)."""
+        known = [v for text in (self.goal, *self.memories, *(r for _, _, r in self.facts)) for _, v in _values(text)]
+        if not self.facts and not _values(self.goal):
+            return []
+        def grounded(written: str, value: float) -> bool:  # within one unit of its last digit: 8029 for 8029.7
+            unit = 10.0 ** -len(written.partition(".")[2])
+            return any(abs(v - value) < unit or math.isclose(v, value, abs_tol=1e-9) for v in known)
+        return list(dict.fromkeys(w for w, v in _values(answer) if not grounded(w, v)))
+
+    def unmet(self, answer: str) -> list[str]:
+        """Why ``answer`` does not finish the task yet; empty when it may stand. A file counts when the goal or
+        the answer names it (an index of files names others the task does not need)."""
+        reasons = [f"{path} has not been read yet" for path in self.unread(self.goal, answer)]
+        if invented := self.invented(answer):
+            reasons.append(f"{', '.join(invented)} {'was' if len(invented) == 1 else 'were'} not read or computed "
+                           "with a tool; compute with a tool")
+        return reasons
+
+    def note(self) -> str:
+        """The working memory as prompt text: the task, what the tools gave so far, and what is still missing."""
+        lines = [f"Task: {self.goal}"]
+        if self.facts:
+            lines.append("Found so far:")
+            for tool, arguments, result in self.facts:
+                flat = " / ".join(line.strip() for line in result.strip().splitlines() if line.strip())
+                lines.append(f"- {tool} {arguments} -> {flat[:FACT_CHARS]}{'...' if len(flat) > FACT_CHARS else ''}")
+        if unread := self.unread():
+            lines.append(f"Not read yet: {', '.join(unread)}.")
+        return "\n".join(lines)

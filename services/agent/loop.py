@@ -31,8 +31,8 @@ from typing import Any, Generator
 
 import structlog
 
-from services.agent.context import (BuiltPrompt, ContextManager, Count, Operation, Summarize, Turn, transcript,
-                                    translate, turn_text)
+from services.agent.context import (PATH, BuiltPrompt, ContextManager, Count, Operation, Summarize, Turn,
+                                    WorkingMemory, transcript, translate, turn_text)
 from shared import shm
 from shared.client import ServiceError
 from shared.config import Config
@@ -44,9 +44,12 @@ log = structlog.get_logger("agent")
 SYSTEM_PROMPT = ("You are an assistant that completes the user's task. Call a tool only when the task needs what "
                  "it does; otherwise answer directly from what you know. Once the tool results give you what "
                  "you need, reply with the answer in one short sentence and call no more tools.")
-#: After tool results: small models otherwise go on calling tools after they have what they need.
-_NEXT = ("Task: {goal}\nIf a step of the task is still missing (arithmetic: never in your head; another file or "
+#: After tool results, below the working memory (the task, what the tools gave, what is still missing): small
+#: models otherwise go on calling tools after they have what they need, or answer with an intermediate result.
+_NEXT = ("{note}\nIf a step of the task is still missing (arithmetic: never in your head; another file or "
          "memory), call the tool for it. Otherwise reply with the answer now.")
+#: A candidate answer that the working memory does not back: it is sent back once or twice, with why.
+_NOT_YET = "{note}\nYour last reply did not answer the task yet: {reasons}. Call the tool for the missing step."
 #: A repeated call's result, the first time: small models repeat a lookup instead of taking the next step.
 _REPEATED = "{output}\n(This call was made before; this is its result again. Do not repeat it.)"
 _SUMMARY_PROMPT = ("Summarize the conversation above in a few sentences. Keep every name, number, file name and "
@@ -90,6 +93,7 @@ class Step:
     compressed: bool = False  # the optimizer's advice made this step compress the history
     repeated: bool = False  # the model repeated calls it had made; they were not run, the next step must answer
     intended: str | None = None  # the model wrote about calling this tool without a call; the next step names it
+    rejected: str | None = None  # why this reply was not taken as the answer (an unread file, an invented number)
     ms: float = 0.0
 
 
@@ -130,6 +134,22 @@ def _mentions(names: list[str]) -> re.Pattern[str]:
     match's ``lastgroup`` is ``t<index>`` of the tool in ``names``."""
     spelled = (r"[_\s-]".join(re.escape(part) for part in re.split(r"[_\s-]", name)) for name in names)
     return re.compile("|".join(rf"(?P<t{i}>\b{s}\b)" for i, s in enumerate(spelled)) or "(?!)", re.IGNORECASE)
+
+
+def _named(tool: str) -> dict:
+    return {"type": "function", "function": {"name": tool}}
+
+
+def _reader(specs: list[dict], memory: WorkingMemory) -> str | dict | None:
+    """The tool_choice that reads a file: the tool an earlier call gave a path, else one with a path-like
+    parameter, else none (the model picks)."""
+    for tool, arguments, _ in memory.facts:
+        if PATH.search(arguments):
+            return _named(tool)
+    for spec in specs:
+        if any(p in ("path", "file", "filename") for p in spec["function"]["parameters"].get("properties", {})):
+            return _named(spec["function"]["name"])
+    return None
 
 
 def tool_specs(tools: list[dict]) -> list[dict]:
@@ -181,9 +201,11 @@ class _Run:
             context = ContextManager(n_ctx, self.config.memory.budget, self.config.memory.summary_max_tokens)
             context.overhead = (yield from self._budgeted(context.count(json.dumps(specs)))) + _TEMPLATE_GUESS
             trace.memories = yield from self._recall()
+            memory = WorkingMemory(trace.goal, trace.memories)
+            checks = self.config.agent.answer_checks
             history: list[Turn] = []
             made: dict[tuple[str, str], ToolCall] = {}  # (tool, arguments) of each call already run
-            last_compressed, answer_now, forced = -_COMPRESS_EVERY, False, None
+            last_compressed, answer_now, forced, insist = -_COMPRESS_EVERY, False, None, None
             told: tuple[int, int] | None = None  # (history length, step) where a repeated call was answered
             tool_names = [t["function"]["name"] for t in specs]
             mentions = _mentions(tool_names)
@@ -195,7 +217,10 @@ class _Run:
                 # The last step, and the step after a repeated call, must answer: no tool call can open.
                 choice = "none" if answer_now or index == self.max_iterations else "auto"
                 if forced and choice == "auto":
-                    choice = {"type": "function", "function": {"name": forced}}
+                    choice = _named(forced)
+                elif insist and choice == "auto":  # after an answer that named an unread file: the reader
+                    choice = insist
+                insist = None
                 reply = yield self._ask("inference", "chat", self._chat_body(built.messages, specs, choice))
                 context.observe(built, reply.get("prompt_tokens", 0))
                 step = self._record(index, built, reply, compress)
@@ -213,6 +238,13 @@ class _Run:
                     forced = step.intended = tool_names[int(named.lastgroup[1:])]
                     continue
                 forced = forced and ""  # a named call is asked for once
+                reasons = memory.unmet(step.content) if not calls and checks and choice != "none" else []
+                if reasons:  # a candidate answer the working memory does not back: asked again, with what is missing
+                    checks -= 1  # (the answer itself stays out of the history: the model would copy it next time)
+                    step.rejected = "; ".join(reasons)
+                    history.append(Turn("user", _NOT_YET.format(note=memory.note(), reasons=step.rejected)))
+                    insist = _reader(specs, memory) if memory.unread(trace.goal, step.content) else None
+                    continue
                 if not calls:
                     trace.answer, trace.stopped = step.content, "final_answer"
                     break
@@ -233,9 +265,10 @@ class _Run:
                         done = made[key] = yield from self._call_tool(call)
                         step.calls.append(done)
                         result = _result(done)
+                        memory.add(done.name, done.arguments, result)
                     history.append(Turn("tool", result, message={"role": "tool", "tool_call_id": call.get("id"),
                                                                  "name": key[0], "content": result}))
-                history.append(Turn("user", _NEXT.format(goal=trace.goal)))
+                history.append(Turn("user", _NEXT.format(note=memory.note())))
                 step.ms = round((time.monotonic() - t0) * 1000, 1)
         except ServiceError as err:  # inference itself failed: the run cannot go on
             trace.stopped, trace.error = "error", f"{err.code}: {err.message}"

@@ -87,6 +87,9 @@ class AgentConfig(Section):
     recall_k: int = Field(3, ge=0, le=50, description="memories recalled into a run's first prompt; 0 = off")
     recall_min_score: float = Field(0.35, ge=-1, le=1, description="cosine similarity a recalled memory needs")
     temperature: float = Field(0.0, ge=0, le=2)
+    answer_checks: int = Field(2, ge=0, le=20, description="candidate answers a run may send back because they "
+                                                            "name a file not yet read or hold a number no tool "
+                                                            "gave; 0 = take the first answer")
 
     @field_validator("tools")
     @classmethod

@@ -1,0 +1,46 @@
+"""The agent benchmark's tasks check what they claim: no question, and no single step of a multi-step task,
+passes its own answer check, so a task is solved only by reading and computing, never by echoing."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from tests.conftest import REPO
+
+sys.path.insert(0, str(REPO / "scripts"))
+import bench_agent  # noqa: E402
+
+MULTI = [t for t in bench_agent.TASKS if t.kind == "multi_step"]
+
+
+def test_there_are_at_least_twenty_multi_step_tasks_of_every_kind_of_chain():
+    assert len(MULTI) >= 20
+    files = [t for t in MULTI if re.search(r"\w+\.(?:txt|csv)", t.goal)]
+    memories = [t for t in MULTI if "memories" in t.goal]
+    assert len(files) >= 10 and len(memories) >= 5 and len([t for t in files if t in memories]) >= 3
+
+
+def test_no_question_passes_its_own_check():
+    for task in bench_agent.TASKS:
+        assert not bench_agent.correct(task.goal, task.expected), task.goal
+
+
+def test_no_single_source_of_a_multi_step_task_holds_its_answer():
+    """The file the question names and every memory fall short: the answer is in a file that file names, or
+    it has to be computed (an agent that stops after its first step fails)."""
+    for task in MULTI:
+        named = [text for name, text in bench_agent.FILES.items() if name in task.goal]
+        assert named or "memories" in task.goal, task.goal
+        for text in named + bench_agent.MEMORIES:
+            assert not bench_agent.correct(text, task.expected), (task.goal, text)
+
+
+def test_the_check_reads_numbers_as_numbers_and_phrases_as_words():
+    assert bench_agent.correct("It comes to 12.50 euros.", ("12.5",))
+    assert bench_agent.correct("The fuel cost 114.56 euros.", ("114.56",))
+    assert not bench_agent.correct("The fuel cost 114.5 euros.", ("114.56",))
+    assert not bench_agent.correct("It holds 18000 ml.", ("1800",))
+    assert bench_agent.correct("The phone number is 555-0178.", ("555-0178",))
+    assert not bench_agent.correct("Call 555-01789.", ("555-0178",))
+    assert bench_agent.correct("Eleven things.", ("11|eleven",))
