@@ -34,7 +34,7 @@ import structlog
 from services.agent.context import (PATH, BuiltPrompt, ContextManager, Count, Operation, Summarize, Turn,
                                     WorkingMemory, transcript, translate, turn_text)
 from shared import shm
-from shared.client import ServiceError
+from shared.client import ServiceError, chat_body
 from shared.config import Config
 from shared.protocol import ErrorCode
 
@@ -221,7 +221,9 @@ class _Run:
                 elif insist and choice == "auto":  # after an answer that named an unread file: the reader
                     choice = insist
                 insist = None
-                reply = yield self._ask("inference", "chat", self._chat_body(built.messages, specs, choice))
+                agent = self.config.agent
+                reply = yield self._chat(built.messages, tools=specs, tool_choice=choice,
+                                         max_tokens=agent.max_step_tokens, temperature=agent.temperature)
                 context.observe(built, reply.get("prompt_tokens", 0))
                 step = self._record(index, built, reply, compress)
                 step.ms = round((time.monotonic() - t0) * 1000, 1)
@@ -274,11 +276,12 @@ class _Run:
             trace.stopped, trace.error = "error", f"{err.code}: {err.message}"
         trace.elapsed_s = round(time.monotonic() - started, 3)
 
-    def _chat_body(self, messages: list[dict], specs: list[dict], tool_choice: str | dict) -> dict:
-        agent = self.config.agent
-        body = {"messages": messages, "tools": specs, "tool_choice": tool_choice, "max_tokens": agent.max_step_tokens,
-                "temperature": agent.temperature, "seed": 0}
-        return body | ({"model": agent.model} if agent.model else {})
+    def _chat(self, messages: list[dict], in_session: bool = True, **params: Any) -> Request:
+        """A ``chat`` request of this run, built as ``Client.chat`` builds one (a long conversation goes in
+        shared memory); the configured model, seed 0."""
+        session = self.trace.session_id if in_session else None
+        body = chat_body(messages, session, model=self.config.agent.model, seed=0, **params)
+        return Request("inference", "chat", body, session)
 
     def _record(self, index: int, built: BuiltPrompt, reply: dict, compressed: bool) -> Step:
         step = Step(index, (reply["message"].get("content") or "").strip(), prompt_tokens=reply.get("prompt_tokens", 0),
@@ -342,9 +345,7 @@ class _Run:
 
     def _summarize(self, op: Summarize) -> Generator[Request, Any, str]:
         messages = [{"role": "user", "content": f"{transcript(op.turns)}\n\n{_SUMMARY_PROMPT}"}]
-        body = {"messages": messages, "max_tokens": op.max_tokens, "temperature": 0.0, "seed": 0}
-        reply = yield self._ask("inference", "chat", body | ({"model": self.config.agent.model}
-                                                             if self.config.agent.model else {}), in_session=False)
+        reply = yield self._chat(messages, in_session=False, max_tokens=op.max_tokens, temperature=0.0)
         return reply["message"].get("content") or ""
 
     def _remember(self, turns: tuple[Turn, ...]) -> Generator[Request, Any, None]:
