@@ -148,9 +148,11 @@ def test_dropped_clients_free_their_generations(stack):
         t.start()
     for t in threads:
         t.join(120)
-    with pytest.raises(openai.APITimeoutError):  # a whole (not streamed) request whose client stops waiting
+    # A whole (not streamed) request whose client stops waiting. Greedy, since the 0.5B sampled at 0.7 answers
+    # "I'm sorry, but I can't assist with that request." about one time in 13, well within the client's 1.5 s.
+    with pytest.raises(openai.APITimeoutError):
         sdk(stack, timeout=1.5).chat.completions.create(
-            model=CHAT_MODEL, max_tokens=4096, temperature=0.7,
+            model=CHAT_MODEL, max_tokens=4096, temperature=0,
             messages=[{"role": "user", "content": "Write a very long story about a lighthouse."}])
     dropped = time.monotonic()
     wait_for(lambda: inference_health(stack)["generations_in_flight"] == 0, 2.0, "nothing in flight 2 s after")
