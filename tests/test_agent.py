@@ -213,6 +213,37 @@ def test_a_number_no_tool_gave_is_sent_back_at_most_answer_checks_times():
     assert trace.answer == "It is 1001." and trace.stopped == "final_answer"
 
 
+def test_a_goal_that_names_a_file_reads_it_first():
+    goal = "According to plan.txt, what is the robot's task on Tuesday?"
+    services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "plan.txt"}')]},
+                          answer("It waters the ferns.")], {"plan.txt": "Tuesday: water the ferns\n"})
+    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    assert trace.answer == "It waters the ferns."
+    assert [r.body["tool_choice"] for r in services.requests if r.type == "chat"] == [
+        {"type": "function", "function": {"name": "file_reader"}}, "auto"]  # once read, the model picks again
+
+
+def test_an_answer_that_only_restates_what_was_read_is_sent_back_to_the_calculator():
+    goal = "sizes.txt has the width and the height of the rug. Compute its area."
+    services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "sizes.txt"}')]},
+                          answer("The rug is 23 wide and 47 high."),
+                          {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}', "c2")]},
+                          answer("The area is 1081.")], {"sizes.txt": "width: 23\nheight: 47\n"})
+    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    assert trace.answer == "The area is 1081." and trace.steps[1].rejected == (
+        "it only repeats what was found, and the task asks for a result computed from it; compute it with calculator")
+    chats = [r.body for r in services.requests if r.type == "chat"]
+    assert chats[2]["tool_choice"] == {"type": "function", "function": {"name": "calculator"}}
+
+
+def test_a_call_written_as_the_reply_text_is_made():
+    services = Scripted([answer('```json\n{"name": "calculator", "arguments": {"expression": "23 * 47"}}\n```'),
+                         answer("It is 1081.")])
+    trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
+    assert trace.answer == "It is 1081." and [c.output for c in trace.steps[0].calls] == ["1081"]
+    assert [r.body["args"] for r in services.requests if r.type == "tool.call"] == [{"expression": "23 * 47"}]
+
+
 def test_an_answer_with_no_number_to_back_and_no_file_named_stands_at_once():
     services = Scripted([answer("Paris.")])
     trace = drive(_Run(parse_config({}), "What is the capital of France?", "s1", 6), services)

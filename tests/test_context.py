@@ -163,3 +163,36 @@ def test_a_number_is_backed_when_given_read_or_computed_even_rounded():
     assert memory.invented("About 51 pounds, or 50.71, at least 50.") == []  # rounded up or down from a result
     assert memory.invented("About 52 pounds, 1,625 g and 50.9.") == ["52", "1625", "50.9"]
     assert WorkingMemory("How many legs does a spider have?").invented("A spider has 8 legs.") == []  # no source
+
+
+def test_an_answer_in_another_unit_than_the_goal_asks_for_is_not_done():
+    memory = WorkingMemory("thermostat.txt has the settings in Fahrenheit. What is the night setting in Celsius?",
+                           compute_tool="calculator")
+    assert memory.asked_unit() == ("temperature", "Celsius")  # the unit the question asks in: the last one named
+    memory.add("file_reader", '{"path": "thermostat.txt"}', "Day: 70 F\nNight: 59 F")
+    assert memory.unmet("The night setting is 59 F.") == ["the task asks for Celsius, not Fahrenheit; convert with a tool"]
+    assert memory.needs_computing("The night setting is 59 F.")
+    memory.add("calculator", '{"expression": "(59 - 32) * 5 / 9"}', "15")
+    assert memory.unmet("It is 15 degrees Celsius.") == memory.unmet("15 °C") == []
+    minutes = WorkingMemory("How many minutes does the drive take?", compute_tool="calculator")
+    minutes.add("memory_search", '{"query": "drive"}', "- The drive takes 2 hours and 40 minutes.")
+    assert minutes.wrong_units("2 hours and 40 minutes") == ["hours"]
+    assert minutes.wrong_units("160 minutes") == [] and minutes.wrong_units("It is 8 windows away.") == []
+    assert WorkingMemory("How tall is the door in my memories?").wrong_units("2 metres") == []  # no unit asked
+
+
+def test_an_answer_that_only_restates_what_was_found_is_not_done_when_the_goal_asks_to_compute():
+    goal = "Look up the monthly rent in my memories and compute what a year of rent costs."
+    memory = WorkingMemory(goal, compute_tool="calculator")
+    memory.add("memory_search", '{"query": "monthly rent"}', "- The monthly rent is 1840 euros. (score 0.67)")
+    assert memory.restated("The monthly rent is 1840 euros.") and memory.needs_computing("It is 1840 euros.")
+    assert memory.unmet("The monthly rent is 1840 euros.") == [
+        "it only repeats what was found, and the task asks for a result computed from it; compute it with calculator"]
+    memory.add("calculator", '{"expression": "1840 * 12"}', "22080")
+    assert not memory.restated("A year of rent costs 22080 euros.") and memory.unmet("It costs 22080 euros.") == []
+    lookup = WorkingMemory("What does the rent say in my memories?", compute_tool="calculator")  # nothing to compute
+    lookup.add("memory_search", '{"query": "rent"}', "- The monthly rent is 1840 euros.")
+    assert not lookup.restated("The monthly rent is 1840 euros.")
+    no_calculator = WorkingMemory(goal)
+    no_calculator.add("memory_search", '{"query": "monthly rent"}', "- The monthly rent is 1840 euros.")
+    assert not no_calculator.needs_computing("It is 1840 euros.")

@@ -288,6 +288,31 @@ PATH = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.[A-Za-z][A-Za-z0-9]{1,4})(?
 _NUMBER = re.compile(r"(?<![\w.])-?\d[\d,]*(?:\.\d+)?")
 #: Characters of one tool result restated in the working memory.
 FACT_CHARS = 240
+#: Units a task may ask its answer in, by what they measure: each unit's spellings after a number.
+_UNITS = {
+    "length": {"millimetres": "mm millimetre millimetres millimeter millimeters",
+               "centimetres": "cm centimetre centimetres centimeter centimeters",
+               "metres": "m metre metres meter meters", "kilometres": "km kilometre kilometres kilometer kilometers",
+               "inches": "inch inches", "feet": "ft foot feet", "miles": "mile miles"},
+    "time": {"seconds": "s sec secs second seconds", "minutes": "min mins minute minutes",
+             "hours": "h hr hrs hour hours", "days": "day days", "weeks": "week weeks"},
+    "mass": {"grams": "g gram grams", "kilograms": "kg kilo kilos kilogram kilograms",
+             "pounds": "lb lbs pound pounds", "ounces": "oz ounce ounces"},
+    "volume": {"millilitres": "ml millilitre millilitres milliliter milliliters",
+               "litres": "l litre litres liter liters", "gallons": "gallon gallons"},
+    "temperature": {"Celsius": "c °c celsius", "Fahrenheit": "f °f fahrenheit"},
+}
+#: spelling -> (what it measures, the unit's name)
+_UNIT_OF = {spelled: (kind, unit) for kind, units in _UNITS.items() for unit, spellings in units.items()
+            for spelled in spellings.split()}
+_SPELLINGS = "|".join(sorted(map(re.escape, _UNIT_OF), key=len, reverse=True))
+#: A number and the unit written after it ("7.2 metres", "59 F", "15 degrees Celsius").
+_MEASURE = re.compile(rf"(?<![\w.])-?\d[\d,]*(?:\.\d+)?\s?(?:degrees?\s)?({_SPELLINGS})(?![\w°])", re.IGNORECASE)
+#: The unit a task asks its answer in ("in centimetres", "how many minutes"); words only, no "m" or "F".
+_ASKED_UNIT = re.compile(rf"\b(?:in|into|to|how many)\s+(?:degrees\s)?({_SPELLINGS})\b", re.IGNORECASE)
+#: Words by which a task asks for a figure computed from what the tools find, not one they hold.
+_COMPUTE = re.compile(r"\b(?:compute|calculate|add(?:ed)? up|total|sum|altogether|convert|how many more|left|cost)\b",
+                      re.IGNORECASE)
 
 
 def _values(text: str) -> list[tuple[str, float]]:
@@ -302,13 +327,22 @@ def _values(text: str) -> list[tuple[str, float]]:
     return out
 
 
+def _unit(spelled: str) -> tuple[str, str] | None:
+    return _UNIT_OF.get(spelled.lower())
+
+
 @dataclass
 class WorkingMemory:
-    """What one run knows: the goal, recalled memories, and each tool call with its result, oldest first."""
+    """What one run knows: the goal, recalled memories, and each tool call with its result, oldest first.
+
+    ``compute_tool``: the tool that calculates (the built-in ``calculator``), when the run has one; an answer
+    that the goal asks to be computed, but that only repeats what the other tools found, is not done yet.
+    """
 
     goal: str
     memories: Sequence[str] = ()
     facts: list[tuple[str, str, str]] = field(default_factory=list)  # (tool, arguments as JSON, result)
+    compute_tool: str | None = None
 
     def add(self, tool: str, arguments: str, result: str) -> None:
         self.facts.append((tool, arguments, result))
@@ -331,6 +365,34 @@ class WorkingMemory:
             return any(abs(v - value) < unit or math.isclose(v, value, abs_tol=1e-9) for v in known)
         return list(dict.fromkeys(w for w, v in _values(answer) if not grounded(w, v)))
 
+    def asked_unit(self) -> tuple[str, str] | None:
+        """What the goal asks its answer in, and the unit (the last one it names: "settings in Fahrenheit.
+        What is the night setting in Celsius?" asks in Celsius)."""
+        asked = _ASKED_UNIT.findall(self.goal)
+        return _unit(asked[-1]) if asked else None
+
+    def wrong_units(self, answer: str) -> list[str]:
+        """Units in ``answer`` that measure what the goal asks for in another unit ("7.2 metres" when it asks
+        in centimetres; "2 hours and 40 minutes" when it asks how many minutes)."""
+        if not (want := self.asked_unit()):
+            return []
+        given = (_unit(spelled) for spelled in _MEASURE.findall(answer))
+        return list(dict.fromkeys(unit for kind, unit in filter(None, given) if kind == want[0] and unit != want[1]))
+
+    def restated(self, answer: str) -> bool:
+        """``answer`` only repeats figures the tools found, while the goal asks for one computed from them and
+        the run's calculating tool has not been called."""
+        if not self.compute_tool or not _COMPUTE.search(self.goal) or \
+                any(tool == self.compute_tool for tool, _, _ in self.facts):
+            return False
+        found = {v for _, _, result in self.facts for _, v in _values(result)}
+        numbers = [v for _, v in _values(answer)]
+        return bool(numbers) and all(v in found for v in numbers)
+
+    def needs_computing(self, answer: str) -> bool:
+        """The computing tool should take the next step: ``answer`` is in the wrong unit or only restates."""
+        return bool(self.compute_tool) and (bool(self.wrong_units(answer)) or self.restated(answer))
+
     def unmet(self, answer: str) -> list[str]:
         """Why ``answer`` does not finish the task yet; empty when it may stand. A file counts when the goal or
         the answer names it (an index of files names others the task does not need)."""
@@ -338,6 +400,11 @@ class WorkingMemory:
         if invented := self.invented(answer):
             reasons.append(f"{', '.join(invented)} {'was' if len(invented) == 1 else 'were'} not read or computed "
                            "with a tool; compute with a tool")
+        if wrong := self.wrong_units(answer):
+            reasons.append(f"the task asks for {self.asked_unit()[1]}, not {', '.join(wrong)}; convert with a tool")
+        if self.restated(answer):
+            reasons.append(f"it only repeats what was found, and the task asks for a result computed from it; "
+                           f"compute it with {self.compute_tool}")
         return reasons
 
     def note(self) -> str:

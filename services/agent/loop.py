@@ -54,6 +54,9 @@ _NOT_YET = "{note}\nYour last reply did not answer the task yet: {reasons}. Call
 _REPEATED = "{output}\n(This call was made before; this is its result again. Do not repeat it.)"
 _SUMMARY_PROMPT = ("Summarize the conversation above in a few sentences. Keep every name, number, file name and "
                    "tool result that the task may still need.")
+#: The tool service's built-in calculator: an answer in the wrong unit, or one that only restates what was found
+#: when the task asks for a computed figure, is sent back to it.
+_COMPUTE_TOOL = "calculator"
 #: Tokens a template's tool section adds beyond the tools' JSON, before the first reply tells the real figure.
 _TEMPLATE_GUESS = 128
 #: After an advised compression, steps before the next one is honoured (decode speed needs time to show).
@@ -152,6 +155,20 @@ def _reader(specs: list[dict], memory: WorkingMemory) -> str | dict | None:
     return None
 
 
+def _written_call(text: str, tools: list[str], call_id: str) -> dict | None:
+    """The call a reply means when it is only a tool call written as JSON text (in a fence or not), as small
+    models write one where no call may open (``tool_choice: "none"``); None for any other reply."""
+    body = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip())
+    try:
+        value = json.loads(body)
+    except json.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or value.get("name") not in tools or not isinstance(value.get("arguments"), dict):
+        return None
+    return {"id": call_id, "type": "function",
+            "function": {"name": value["name"], "arguments": json.dumps(value["arguments"])}}
+
+
 def tool_specs(tools: list[dict]) -> list[dict]:
     """The tool service's ``tool.list`` entries in the OpenAI shape the ``chat`` message takes (not the tools
     of an MCP server that is down: a call would only fail)."""
@@ -201,13 +218,14 @@ class _Run:
             context = ContextManager(n_ctx, self.config.memory.budget, self.config.memory.summary_max_tokens)
             context.overhead = (yield from self._budgeted(context.count(json.dumps(specs)))) + _TEMPLATE_GUESS
             trace.memories = yield from self._recall()
-            memory = WorkingMemory(trace.goal, trace.memories)
+            tool_names = [t["function"]["name"] for t in specs]
+            memory = WorkingMemory(trace.goal, trace.memories,
+                                   compute_tool=_COMPUTE_TOOL if _COMPUTE_TOOL in tool_names else None)
             checks = self.config.agent.answer_checks
             history: list[Turn] = []
             made: dict[tuple[str, str], ToolCall] = {}  # (tool, arguments) of each call already run
             last_compressed, answer_now, forced, insist = -_COMPRESS_EVERY, False, None, None
             told: tuple[int, int] | None = None  # (history length, step) where a repeated call was answered
-            tool_names = [t["function"]["name"] for t in specs]
             mentions = _mentions(tool_names)
             for index in range(1, self.max_iterations + 1):
                 t0 = time.monotonic()
@@ -218,8 +236,10 @@ class _Run:
                 choice = "none" if answer_now or index == self.max_iterations else "auto"
                 if forced and choice == "auto":
                     choice = _named(forced)
-                elif insist and choice == "auto":  # after an answer that named an unread file: the reader
+                elif insist and choice == "auto":  # after an answer sent back: the reader, or the calculator
                     choice = insist
+                elif choice == "auto" and memory.unread(trace.goal):  # the goal names a file not read yet: read it
+                    choice = _reader(specs, memory) or choice  # (a small model otherwise reaches for another tool)
                 insist = None
                 agent = self.config.agent
                 reply = yield self._chat(built.messages, tools=specs, tool_choice=choice,
@@ -231,6 +251,10 @@ class _Run:
                     last_compressed = index
                 message = reply["message"]
                 calls = message.get("tool_calls") or []
+                written = (_written_call(step.content, tool_names, f"written-{index}")
+                           if not calls and index < self.max_iterations else None)
+                if written:  # a call written as the reply's text, not an answer: made as the model means it
+                    calls, message = [written], {"role": "assistant", "content": "", "tool_calls": [written]}
                 named = (mentions.search(step.content) if specs and not made and forced is None and choice == "auto"
                          else None)
                 if not calls and named and index < self.max_iterations:
@@ -245,7 +269,10 @@ class _Run:
                     checks -= 1  # (the answer itself stays out of the history: the model would copy it next time)
                     step.rejected = "; ".join(reasons)
                     history.append(Turn("user", _NOT_YET.format(note=memory.note(), reasons=step.rejected)))
-                    insist = _reader(specs, memory) if memory.unread(trace.goal, step.content) else None
+                    if memory.unread(trace.goal, step.content):
+                        insist = _reader(specs, memory)
+                    elif memory.needs_computing(step.content):
+                        insist = _named(_COMPUTE_TOOL)
                     continue
                 if not calls:
                     trace.answer, trace.stopped = step.content, "final_answer"
