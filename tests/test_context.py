@@ -196,3 +196,11 @@ def test_an_answer_that_only_restates_what_was_found_is_not_done_when_the_goal_a
     no_calculator = WorkingMemory(goal)
     no_calculator.add("memory_search", '{"query": "monthly rent"}', "- The monthly rent is 1840 euros.")
     assert not no_calculator.needs_computing("It is 1840 euros.")
+
+
+def test_a_count_of_what_a_result_lists_is_backed_when_the_goal_asks_how_many():
+    memory = WorkingMemory("How many people said yes in rsvp.txt?")
+    memory.add("file_reader", '{"path": "rsvp.txt"}', "Ana: yes\nBruno: no\n\nChiara: yes\n")
+    assert memory.invented("Two people said yes.") == [] and memory.invented("2 said yes.") == []
+    assert memory.invented("4 said yes.") == ["4"] and memory.invented("1.5 said yes.") == ["1.5"]  # more than listed
+    assert WorkingMemory("What is in rsvp.txt?", facts=memory.facts).invented("2 said yes.") == ["2"]

@@ -310,6 +310,7 @@ _SPELLINGS = "|".join(sorted(map(re.escape, _UNIT_OF), key=len, reverse=True))
 _MEASURE = re.compile(rf"(?<![\w.])-?\d[\d,]*(?:\.\d+)?\s?(?:degrees?\s)?({_SPELLINGS})(?![\w°])", re.IGNORECASE)
 #: The unit a task asks its answer in ("in centimetres", "how many minutes"); words only, no "m" or "F".
 _ASKED_UNIT = re.compile(rf"\b(?:in|into|to|how many)\s+(?:degrees\s)?({_SPELLINGS})\b", re.IGNORECASE)
+_HOW_MANY = re.compile(r"\bhow many\b", re.IGNORECASE)
 #: Words by which a task asks for a figure computed from what the tools find, not one they hold.
 _COMPUTE = re.compile(r"\b(?:compute|calculate|add(?:ed)? up|total|sum|altogether|convert|how many more|left|cost)\b",
                       re.IGNORECASE)
@@ -360,9 +361,14 @@ class WorkingMemory:
         known = [v for text in (self.goal, *self.memories, *(r for _, _, r in self.facts)) for _, v in _values(text)]
         if not self.facts and not _values(self.goal):
             return []
+        # A count of what a result lists is computed from it (the goal asks "how many" things a file holds).
+        most = max((len([ln for ln in r.splitlines() if ln.strip()]) for _, _, r in self.facts), default=0) \
+            if _HOW_MANY.search(self.goal) else 0
+
         def grounded(written: str, value: float) -> bool:  # within one unit of its last digit: 8029 for 8029.7
             unit = 10.0 ** -len(written.partition(".")[2])
-            return any(abs(v - value) < unit or math.isclose(v, value, abs_tol=1e-9) for v in known)
+            return (value.is_integer() and 0 < value <= most) or \
+                any(abs(v - value) < unit or math.isclose(v, value, abs_tol=1e-9) for v in known)
         return list(dict.fromkeys(w for w, v in _values(answer) if not grounded(w, v)))
 
     def asked_unit(self) -> tuple[str, str] | None:
