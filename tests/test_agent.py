@@ -236,6 +236,21 @@ def test_an_answer_that_only_restates_what_was_read_is_sent_back_to_the_calculat
     assert chats[2]["tool_choice"] == {"type": "function", "function": {"name": "calculator"}}
 
 
+def test_a_plan_in_prose_sent_back_is_asked_again_with_the_tool_it_names():
+    goal = "index.txt names the file with this week's menu. What is for dinner on Friday?"
+    files = {"index.txt": "Menu: menus/week49.txt\n", "menus/week49.txt": "Friday: lasagne\n"}
+    services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "index.txt"}')]},
+                          answer("I need to: 1. find the menu file, 2. use the file reader to read it."),
+                          {"role": "assistant", "content": "",
+                           "tool_calls": [call("file_reader", '{"path": "menus/week49.txt"}', "c2")]},
+                          answer("Lasagne.")], files)
+    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    assert trace.answer == "Lasagne." and trace.steps[1].rejected == "1, 2 were not read or computed with a tool; " \
+                                                                     "compute with a tool"
+    chats = [r.body for r in services.requests if r.type == "chat"]
+    assert chats[2]["tool_choice"] == {"type": "function", "function": {"name": "file_reader"}}
+
+
 def test_a_call_written_as_the_reply_text_is_made():
     services = Scripted([answer('```json\n{"name": "calculator", "arguments": {"expression": "23 * 47"}}\n```'),
                          answer("It is 1081.")])

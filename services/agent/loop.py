@@ -273,6 +273,8 @@ class _Run:
                         insist = _reader(specs, memory)
                     elif memory.needs_computing(step.content):
                         insist = _named(_COMPUTE_TOOL)
+                    elif mentioned := mentions.search(step.content):  # a plan in prose: the tool it means to use
+                        insist = _named(tool_names[int(mentioned.lastgroup[1:])])
                     continue
                 if not calls:
                     trace.answer, trace.stopped = step.content, "final_answer"
