@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from magnitude.agent import Agent, AsyncAgent, submit_feedback
-from services.agent.loop import Request, _mentions, _Run
+from services.agent.loop import _SUMMARY_PROMPT, Request, _mentions, _Run
 from shared.client import AsyncClient, Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import REPO, ServiceProcess, make_config, write_config
@@ -51,7 +51,7 @@ class Scripted:
                 return ServiceError("bad_request", "calculator args: 'expression' is a required property")
             return {"tool": "calculator", "output": "1081"}
         assert req.type == "chat", req
-        if req.session is None:  # the budget's summarizer, outside the run's session
+        if _SUMMARY_PROMPT in req.body["messages"][-1]["content"]:  # the budget's summarizer, outside the session
             return {"message": {"role": "assistant", "content": "The user asked for arithmetic."}}
         return {"message": self.replies.pop(0), "prompt_tokens": 300, "prefill_tokens": 100, "cached_tokens": 200}
 
@@ -98,11 +98,15 @@ def test_a_repeated_call_gets_its_result_again_once_then_the_next_step_must_answ
     trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
     assert [s.repeated for s in trace.steps] == [False, True, True, False] and trace.answer == "1081"
     assert sum(r.type == "tool.call" for r in services.requests) == 1  # the repeats were not run
-    chats = [r.body for r in services.requests if r.type == "chat"]
-    assert [c["tool_choice"] for c in chats] == ["auto", "auto", "auto", "none"]
-    assert chats[2]["messages"][-2]["content"].startswith("1081\n(This call was made before")  # its result again
-    # repeated again right after: the note did not help, so it is taken back (a prefix of the prompt: same KV)
-    assert chats[3]["messages"] == chats[1]["messages"]
+    chats = [r for r in services.requests if r.type == "chat"]
+    assert [c.body["tool_choice"] for c in chats[:3]] == ["auto", "auto", "auto"]
+    assert chats[2].body["messages"][-2]["content"].startswith("1081\n(This call was made before")  # its result again
+    # repeated again right after: the note did not help, so the run answers from what its tools found, in a prompt
+    # of its working memory alone: no tools, so no call can be written; outside the session, whose KV stays
+    assert chats[3].session is None and "tools" not in chats[3].body
+    assert chats[3].body["messages"][-1]["content"] == (
+        'Task: What is 23 * 47?\nFound so far:\n- calculator {"expression": "23 * 47"} -> 1081\n'
+        "Answer the task now from what was found, in one short sentence.")
 
 
 def test_a_repeat_after_progress_keeps_the_progress_and_must_answer():
@@ -112,8 +116,8 @@ def test_a_repeat_after_progress_keeps_the_progress_and_must_answer():
     trace = drive(_Run(parse_config({}), "What is 23 * 47 + 1?", "s1", 6), services)
     assert [s.repeated for s in trace.steps] == [False, True, False, True, False] and trace.answer == "1082"
     chats = [r.body for r in services.requests if r.type == "chat"]
-    assert [c["tool_choice"] for c in chats] == ["auto", "auto", "auto", "auto", "none"]
-    assert chats[4]["messages"] == chats[3]["messages"]  # the second repeat is dropped; the note and the new call stay
+    assert [c["tool_choice"] for c in chats[:4]] == ["auto"] * 4
+    assert "1081 + 1" in chats[4]["messages"][-1]["content"]  # the answer is asked from both results
 
 
 def test_a_call_written_as_prose_is_asked_for_again_with_the_tool_named_once():
@@ -274,8 +278,12 @@ def test_inference_failure_ends_the_run_with_an_error_and_max_iterations_bounds_
     assert trace.stopped == "error" and trace.error == "unavailable: gone"
     looping = Scripted([{"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]}] * 3)
     trace = drive(_Run(parse_config({}), "goal", "s1", 3), looping)
-    assert trace.stopped == "max_iterations" and len(trace.steps) == 3
-    assert [r.body["tool_choice"] for r in looping.requests if r.type == "chat"][-1] == "none"  # the last step
+    assert len(trace.steps) == 3 and trace.answer is not None  # the last step answers from what was found
+    assert "tools" not in [r.body for r in looping.requests if r.type == "chat"][-1]
+    never_calls = Scripted([answer("Let me think.")])  # no tool ran: the last step is asked with "none"
+    trace = drive(_Run(parse_config({"agent": {"answer_checks": 0}}), "goal", "s1", 1), never_calls)
+    assert trace.stopped == "final_answer" and [r.body["tool_choice"] for r in never_calls.requests
+                                                if r.type == "chat"] == ["none"]
 
 
 def test_optimizer_advice_compresses_the_history():

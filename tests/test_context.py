@@ -204,3 +204,16 @@ def test_a_count_of_what_a_result_lists_is_backed_when_the_goal_asks_how_many():
     assert memory.invented("Two people said yes.") == [] and memory.invented("2 said yes.") == []
     assert memory.invented("4 said yes.") == ["4"] and memory.invented("1.5 said yes.") == ["1.5"]  # more than listed
     assert WorkingMemory("What is in rsvp.txt?", facts=memory.facts).invented("2 said yes.") == ["2"]
+
+
+def test_an_answer_that_repeats_the_task_or_a_recalled_figure_is_not_done():
+    memory = WorkingMemory("The dishwasher's manual is listed in manuals.txt. Which program does it recommend?",
+                           ["The electricity price is 0.28 euros per kWh."], compute_tool="calculator")
+    memory.add("file_reader", '{"path": "manuals.txt"}', "Dishwasher: manuals/dishwasher.txt\n")
+    assert memory.unmet("The dishwasher's manual is listed in manuals.txt.") == ["it repeats the task instead of "
+                                                                                 "answering it"]
+    assert memory.unmet("It recommends Delicate.") == [] and not memory.echoes_goal("The manual.")
+    bill = WorkingMemory("Read usage.txt and compute last month's electricity cost.", memory.memories,
+                         compute_tool="calculator")
+    bill.add("file_reader", '{"path": "usage.txt"}', "Electricity used last month: 350 kWh\n")
+    assert bill.restated("The electricity price is 0.28 euros per kWh.")  # a recalled memory is found, not computed

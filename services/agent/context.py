@@ -310,6 +310,7 @@ _SPELLINGS = "|".join(sorted(map(re.escape, _UNIT_OF), key=len, reverse=True))
 _MEASURE = re.compile(rf"(?<![\w.])-?\d[\d,]*(?:\.\d+)?\s?(?:degrees?\s)?({_SPELLINGS})(?![\w°])", re.IGNORECASE)
 #: The unit a task asks its answer in ("in centimetres", "how many minutes"); words only, no "m" or "F".
 _ASKED_UNIT = re.compile(rf"\b(?:in|into|to|how many)\s+(?:degrees\s)?({_SPELLINGS})\b", re.IGNORECASE)
+_WORD = re.compile(r"[\w'.-]*\w")
 _HOW_MANY = re.compile(r"\bhow many\b", re.IGNORECASE)
 #: Words by which a task asks for a figure computed from what the tools find, not one they hold.
 _COMPUTE = re.compile(r"\b(?:compute|calculate|add(?:ed)? up|total|sum|altogether|convert|how many more|left|cost)\b",
@@ -386,14 +387,20 @@ class WorkingMemory:
         return list(dict.fromkeys(unit for kind, unit in filter(None, given) if kind == want[0] and unit != want[1]))
 
     def restated(self, answer: str) -> bool:
-        """``answer`` only repeats figures the tools found, while the goal asks for one computed from them and
-        the run's calculating tool has not been called."""
+        """``answer`` only repeats figures the goal, the memories or the tools gave, while the goal asks for one
+        computed from them and the run's calculating tool has not been called."""
         if not self.compute_tool or not _COMPUTE.search(self.goal) or \
                 any(tool == self.compute_tool for tool, _, _ in self.facts):
             return False
-        found = {v for _, _, result in self.facts for _, v in _values(result)}
+        found = {v for text in (self.goal, *self.memories, *(r for _, _, r in self.facts)) for _, v in _values(text)}
         numbers = [v for _, v in _values(answer)]
         return bool(numbers) and all(v in found for v in numbers)
+
+    def echoes_goal(self, answer: str) -> bool:
+        """``answer`` is words of the goal only ("The dishwasher's manual is listed in manuals.txt." for a goal
+        that says so, then asks which program it recommends): it restates the task, not what answers it."""
+        words = _WORD.findall(answer.lower())
+        return len(words) >= 3 and set(words) <= set(_WORD.findall(self.goal.lower()))
 
     def needs_computing(self, answer: str) -> bool:
         """The computing tool should take the next step: ``answer`` is in the wrong unit or only restates."""
@@ -408,6 +415,8 @@ class WorkingMemory:
                            "with a tool; compute with a tool")
         if wrong := self.wrong_units(answer):
             reasons.append(f"the task asks for {self.asked_unit()[1]}, not {', '.join(wrong)}; convert with a tool")
+        if self.echoes_goal(answer):
+            reasons.append("it repeats the task instead of answering it")
         if self.restated(answer):
             reasons.append(f"it only repeats what was found, and the task asks for a result computed from it; "
                            f"compute it with {self.compute_tool}")

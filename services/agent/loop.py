@@ -50,6 +50,11 @@ _NEXT = ("{note}\nIf a step of the task is still missing (arithmetic: never in y
          "memory), call the tool for it. Otherwise reply with the answer now.")
 #: A candidate answer that the working memory does not back: it is sent back once or twice, with why.
 _NOT_YET = "{note}\nYour last reply did not answer the task yet: {reasons}. Call the tool for the missing step."
+#: When a run must answer (its last step, or after repeated calls) and its tools found something: a prompt of
+#: the working memory alone, without tools, so no call can be written (under ``tool_choice: "none"`` with the
+#: tools and the history of calls still in the prompt, the 1.5B wrote the next call as JSON text instead).
+_ANSWER_SYSTEM = "You answer a task from what was found for it, in one short sentence."
+_ANSWER_NOW = "{note}\nAnswer the task now from what was found, in one short sentence."
 #: A repeated call's result, the first time: small models repeat a lookup instead of taking the next step.
 _REPEATED = "{output}\n(This call was made before; this is its result again. Do not repeat it.)"
 _SUMMARY_PROMPT = ("Summarize the conversation above in a few sentences. Keep every name, number, file name and "
@@ -233,7 +238,13 @@ class _Run:
                 built = yield from self._budgeted(context.build(SYSTEM_PROMPT, trace.goal, history,
                                                                memories=trace.memories, compress=compress))
                 # The last step, and the step after a repeated call, must answer: no tool call can open.
-                choice = "none" if answer_now or index == self.max_iterations else "auto"
+                must_answer = answer_now or index == self.max_iterations
+                if must_answer and memory.facts:
+                    step = yield from self._answer_from(memory, index)
+                    trace.answer, trace.stopped = step.content, "final_answer"
+                    step.ms = round((time.monotonic() - t0) * 1000, 1)
+                    break
+                choice = "none" if must_answer else "auto"
                 if forced and choice == "auto":
                     choice = _named(forced)
                 elif insist and choice == "auto":  # after an answer sent back: the reader, or the calculator
@@ -312,9 +323,20 @@ class _Run:
         body = chat_body(messages, session, model=self.config.agent.model, seed=0, **params)
         return Request("inference", "chat", body, session)
 
-    def _record(self, index: int, built: BuiltPrompt, reply: dict, compressed: bool) -> Step:
+    def _answer_from(self, memory: WorkingMemory, index: int) -> Generator[Request, Any, Step]:
+        """The step that answers from the working memory alone (outside the session: its prompt is not the
+        conversation's)."""
+        messages = [{"role": "system", "content": _ANSWER_SYSTEM},
+                    {"role": "user", "content": _ANSWER_NOW.format(note=memory.note())}]
+        agent = self.config.agent
+        reply = yield self._chat(messages, in_session=False, max_tokens=agent.max_step_tokens,
+                                 temperature=agent.temperature)
+        return self._record(index, None, reply, False)
+
+    def _record(self, index: int, built: BuiltPrompt | None, reply: dict, compressed: bool) -> Step:
         step = Step(index, (reply["message"].get("content") or "").strip(), prompt_tokens=reply.get("prompt_tokens", 0),
-                    summarized_turns=built.summarized_turns, compressed=compressed and bool(built.summarized_turns))
+                    summarized_turns=built.summarized_turns if built else 0,
+                    compressed=compressed and bool(built and built.summarized_turns))
         self.trace.steps.append(step)
         self.trace.prompt_tokens += reply.get("prefill_tokens", 0)
         self.trace.cached_tokens += reply.get("cached_tokens", 0)
