@@ -120,6 +120,17 @@ def test_a_repeat_after_progress_keeps_the_progress_and_must_answer():
     assert "1081 + 1" in chats[4]["messages"][-1]["content"]  # the answer is asked from both results
 
 
+def test_a_calculation_on_its_own_result_or_an_empty_reply_ends_in_an_answer_from_what_was_found():
+    first = {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]}
+    again = {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "1081 * 47"}', "c2")]}
+    for replies in ([first, again, answer("It is 1081.")], [first, answer(""), answer("It is 1081.")]):
+        services = Scripted(replies)
+        trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
+        assert trace.answer == "It is 1081." and len(trace.steps) == 3
+        assert sum(r.type == "tool.call" for r in services.requests) == 1  # 1081 * 47 was not run
+        assert "tools" not in [r.body for r in services.requests if r.type == "chat"][-1]
+
+
 def test_a_call_written_as_prose_is_asked_for_again_with_the_tool_named_once():
     prose = {"role": "assistant", "content": '{{"name": "calculator", "arguments": {"expression": "23 * 47"}}}'}
     services = Scripted([prose, {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]},
@@ -256,11 +267,12 @@ def test_a_plan_in_prose_sent_back_is_asked_again_with_the_tool_it_names():
 
 
 def test_a_call_written_as_the_reply_text_is_made():
-    services = Scripted([answer('```json\n{"name": "calculator", "arguments": {"expression": "23 * 47"}}\n```'),
-                         answer("It is 1081.")])
-    trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
-    assert trace.answer == "It is 1081." and [c.output for c in trace.steps[0].calls] == ["1081"]
-    assert [r.body["args"] for r in services.requests if r.type == "tool.call"] == [{"expression": "23 * 47"}]
+    for text in ('```json\n{"name": "calculator", "arguments": {"expression": "23 * 47"}}\n```',
+                 '<tool_response>\n{"name": "calculator", "arguments": {"expression": "23 * 47"}}\n</tool_response>'):
+        services = Scripted([answer(text), answer("It is 1081.")])
+        trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
+        assert trace.answer == "It is 1081." and [c.output for c in trace.steps[0].calls] == ["1081"]
+        assert [r.body["args"] for r in services.requests if r.type == "tool.call"] == [{"expression": "23 * 47"}]
 
 
 def test_an_answer_with_no_number_to_back_and_no_file_named_stands_at_once():

@@ -217,3 +217,13 @@ def test_an_answer_that_repeats_the_task_or_a_recalled_figure_is_not_done():
                          compute_tool="calculator")
     bill.add("file_reader", '{"path": "usage.txt"}', "Electricity used last month: 350 kWh\n")
     assert bill.restated("The electricity price is 0.28 euros per kWh.")  # a recalled memory is found, not computed
+
+
+def test_a_calculation_run_again_on_its_own_result_is_told_apart_from_a_next_step():
+    memory = WorkingMemory("What does Max weigh in pounds?", compute_tool="calculator")
+    memory.add("calculator", '{"expression": "23 * 2.2046"}', "50.7058")
+    assert memory.iterates("calculator", '{"expression": "50.7058 * 2.2046"}')
+    assert memory.iterates("calculator", '{"expression": "2.2046*50.7058"}')
+    assert not memory.iterates("calculator", '{"expression": "50.7058 * 3"}')  # a next step: times another figure
+    assert not memory.iterates("calculator", '{"expression": "round(50.7058)"}')
+    assert not memory.iterates("file_reader", '{"path": "50.7058 * 2.2046"}')

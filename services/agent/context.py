@@ -329,6 +329,15 @@ def _values(text: str) -> list[tuple[str, float]]:
     return out
 
 
+def _expression(arguments: str) -> str:
+    """The text of a call's arguments (a calculator's expression), whatever the parameter is called."""
+    try:
+        value = json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+    return " ".join(str(v) for v in value.values()) if isinstance(value, dict) else str(value)
+
+
 def _unit(spelled: str) -> tuple[str, str] | None:
     return _UNIT_OF.get(spelled.lower())
 
@@ -395,6 +404,21 @@ class WorkingMemory:
         found = {v for text in (self.goal, *self.memories, *(r for _, _, r in self.facts)) for _, v in _values(text)}
         numbers = [v for _, v in _values(answer)]
         return bool(numbers) and all(v in found for v in numbers)
+
+    def iterates(self, tool: str, arguments: str) -> bool:
+        """A call of the computing tool that applies its last calculation again to that one's result (23 * 2.2
+        gave 50.6, then 50.6 * 2.2): small models go on so once they have the answer."""
+        last = next(((a, r) for t, a, r in reversed(self.facts) if t == tool), None)
+        if tool != self.compute_tool or last is None or not (result := _values(last[1])):
+            return False
+        before, now = _expression(last[0]), _expression(arguments)
+        if _NUMBER.sub("N", before).replace(" ", "") != _NUMBER.sub("N", now).replace(" ", ""):
+            return False
+        operands = [v for _, v in _values(now)]
+        if result[0][1] not in operands:
+            return False
+        operands.remove(result[0][1])
+        return set(operands) <= {v for _, v in _values(before)}
 
     def echoes_goal(self, answer: str) -> bool:
         """``answer`` is words of the goal only ("The dishwasher's manual is listed in manuals.txt." for a goal

@@ -161,9 +161,9 @@ def _reader(specs: list[dict], memory: WorkingMemory) -> str | dict | None:
 
 
 def _written_call(text: str, tools: list[str], call_id: str) -> dict | None:
-    """The call a reply means when it is only a tool call written as JSON text (in a fence or not), as small
-    models write one where no call may open (``tool_choice: "none"``); None for any other reply."""
-    body = re.sub(r"^```(?:json)?\s*|\s*```$", "", text.strip())
+    """The call a reply means when it is only a tool call written as JSON text (in a fence, in tags such as
+    ``<tool_response>`` that no parser takes for a call, or bare); None for any other reply."""
+    body = re.sub(r"^(?:```(?:json)?|<\w+>)\s*|\s*(?:```|</\w+>)$", "", text.strip())
     try:
         value = json.loads(body)
     except json.JSONDecodeError:
@@ -287,10 +287,16 @@ class _Run:
                     elif mentioned := mentions.search(step.content):  # a plan in prose: the tool it means to use
                         insist = _named(tool_names[int(mentioned.lastgroup[1:])])
                     continue
+                if not calls and not step.content:  # nothing said: not an answer; the next step answers from memory
+                    answer_now = True
+                    continue
                 if not calls:
                     trace.answer, trace.stopped = step.content, "final_answer"
                     break
                 keys = [(c["function"]["name"], _canonical(c["function"]["arguments"])) for c in calls]
+                if len(keys) == 1 and memory.iterates(*keys[0]):  # a calculation run again on its own result
+                    step.repeated = answer_now = True  # (the model had the answer one call ago): not run; answer
+                    continue
                 step.repeated = all(key in made for key in keys)  # it asks again for what it has: not run again
                 if step.repeated and told is not None:  # told once already: the next step must answer
                     if told[1] == index - 1:  # right after being told: that did not help, so it is taken back
