@@ -227,3 +227,10 @@ def test_a_calculation_run_again_on_its_own_result_is_told_apart_from_a_next_ste
     assert not memory.iterates("calculator", '{"expression": "50.7058 * 3"}')  # a next step: times another figure
     assert not memory.iterates("calculator", '{"expression": "round(50.7058)"}')
     assert not memory.iterates("file_reader", '{"path": "50.7058 * 2.2046"}')
+
+
+def test_a_number_read_as_another_kind_of_measure_is_not_backed():
+    memory = WorkingMemory("recipe.txt is for 4 people. How many grams of flour do I need for 10?")
+    memory.add("file_reader", '{"path": "recipe.txt"}', "flour: 250 g\nmilk: 500 ml\neggs: 2\n")
+    assert memory.invented("You need 500 grams of flour.") == ["500"]  # the milk's 500 ml is not a weight
+    assert memory.invented("250 grams for 4, and 500 of milk, 2 eggs") == []

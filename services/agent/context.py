@@ -306,8 +306,8 @@ _UNITS = {
 _UNIT_OF = {spelled: (kind, unit) for kind, units in _UNITS.items() for unit, spellings in units.items()
             for spelled in spellings.split()}
 _SPELLINGS = "|".join(sorted(map(re.escape, _UNIT_OF), key=len, reverse=True))
-#: A number and the unit written after it ("7.2 metres", "59 F", "15 degrees Celsius").
-_MEASURE = re.compile(rf"(?<![\w.])-?\d[\d,]*(?:\.\d+)?\s?(?:degrees?\s)?({_SPELLINGS})(?![\w°])", re.IGNORECASE)
+#: The unit written right after a number ("7.2 metres", "59 F", "15 degrees Celsius").
+_UNIT_AFTER = re.compile(rf"\s?(?:degrees?\s)?({_SPELLINGS})(?![\w°])", re.IGNORECASE)
 #: The unit a task asks its answer in ("in centimetres", "how many minutes"); words only, no "m" or "F".
 _ASKED_UNIT = re.compile(rf"\b(?:in|into|to|how many)\s+(?:degrees\s)?({_SPELLINGS})\b", re.IGNORECASE)
 _WORD = re.compile(r"[\w'.-]*\w")
@@ -317,16 +317,24 @@ _COMPUTE = re.compile(r"\b(?:compute|calculate|add(?:ed)? up|total|sum|altogethe
                       re.IGNORECASE)
 
 
-def _values(text: str) -> list[tuple[str, float]]:
-    """Each number in ``text``: as written (for its decimals) and its value."""
+def _quantities(text: str) -> list[tuple[str, float, tuple[str, str] | None]]:
+    """Each number in ``text``: as written (for its decimals), its value, and the unit written after it (what
+    it measures, which unit) or None."""
     out = []
-    for written in _NUMBER.findall(text):
-        written = written.replace(",", "")
+    for number in _NUMBER.finditer(text):
+        written = number.group().replace(",", "")
         try:
-            out.append((written, float(written)))
+            value = float(written)
         except ValueError:  # "1,,2": not a number after all
             continue
+        unit = _UNIT_AFTER.match(text, number.end())
+        out.append((written, value, _unit(unit.group(1)) if unit else None))
     return out
+
+
+def _values(text: str) -> list[tuple[str, float]]:
+    """Each number in ``text``: as written and its value."""
+    return [(written, value) for written, value, _ in _quantities(text)]
 
 
 def _expression(arguments: str) -> str:
@@ -366,20 +374,23 @@ class WorkingMemory:
 
     def invented(self, answer: str) -> list[str]:
         """Numbers in ``answer`` that the goal, the memories and the tool results do not hold, even rounded up or
-        down to the digits written (only once a tool ran or the goal has numbers: "a spider has 8 legs" needs no
-        source)."""
-        known = [v for text in (self.goal, *self.memories, *(r for _, _, r in self.facts)) for _, v in _values(text)]
+        down to the digits written, as a measure of the same kind where both name a unit (only once a tool ran or
+        the goal has numbers: "a spider has 8 legs" needs no source)."""
+        known = [(v, unit) for text in (self.goal, *self.memories, *(r for _, _, r in self.facts))
+                 for _, v, unit in _quantities(text)]
         if not self.facts and not _values(self.goal):
             return []
         # A count of what a result lists is computed from it (the goal asks "how many" things a file holds).
         most = max((len([ln for ln in r.splitlines() if ln.strip()]) for _, _, r in self.facts), default=0) \
             if _HOW_MANY.search(self.goal) else 0
 
-        def grounded(written: str, value: float) -> bool:  # within one unit of its last digit: 8029 for 8029.7
-            unit = 10.0 ** -len(written.partition(".")[2])
-            return (value.is_integer() and 0 < value <= most) or \
-                any(abs(v - value) < unit or math.isclose(v, value, abs_tol=1e-9) for v in known)
-        return list(dict.fromkeys(w for w, v in _values(answer) if not grounded(w, v)))
+        def grounded(written: str, value: float, unit: tuple[str, str] | None) -> bool:
+            digit = 10.0 ** -len(written.partition(".")[2])  # within one unit of its last digit: 8029 for 8029.7
+            return (value.is_integer() and 0 < value <= most) or any(
+                (abs(v - value) < digit or math.isclose(v, value, abs_tol=1e-9))
+                and (unit is None or source is None or unit[0] == source[0])  # 500 ml does not back 500 g
+                for v, source in known)
+        return list(dict.fromkeys(w for w, v, unit in _quantities(answer) if not grounded(w, v, unit)))
 
     def asked_unit(self) -> tuple[str, str] | None:
         """What the goal asks its answer in, and the unit (the last one it names: "settings in Fahrenheit.
@@ -392,8 +403,8 @@ class WorkingMemory:
         in centimetres; "2 hours and 40 minutes" when it asks how many minutes)."""
         if not (want := self.asked_unit()):
             return []
-        given = (_unit(spelled) for spelled in _MEASURE.findall(answer))
-        return list(dict.fromkeys(unit for kind, unit in filter(None, given) if kind == want[0] and unit != want[1]))
+        given = [unit for _, _, unit in _quantities(answer) if unit]
+        return list(dict.fromkeys(unit for kind, unit in given if kind == want[0] and unit != want[1]))
 
     def restated(self, answer: str) -> bool:
         """``answer`` only repeats figures the goal, the memories or the tools gave, while the goal asks for one
