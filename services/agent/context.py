@@ -458,8 +458,11 @@ class WorkingMemory:
         return reasons
 
     def note(self) -> str:
-        """The working memory as prompt text: the task, what the tools gave so far, and what is still missing."""
+        """The working memory as prompt text: the task, the recalled memories, what the tools gave so far, and
+        what is still missing."""
         lines = [f"Task: {self.goal}"]
+        if self.memories:  # recalled into the first prompt, far above by now: the 1.5B then asked for them again
+            lines += ["Remembered:", *(f"- {memory}" for memory in self.memories)]
         if self.facts:
             lines.append("Found so far:")
             for tool, arguments, result in self.facts:
