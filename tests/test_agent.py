@@ -105,8 +105,7 @@ def test_a_repeated_call_gets_its_result_again_once_then_the_next_step_must_answ
     # of its working memory alone: no tools, so no call can be written; outside the session, whose KV stays
     assert chats[3].session is None and "tools" not in chats[3].body
     assert chats[3].body["messages"][-1]["content"] == (
-        "Task: What is 23 * 47?\nRemembered:\n- Numbers in this house are written in base 10.\nFound so far:\n"
-        '- calculator {"expression": "23 * 47"} -> 1081\n'
+        'Task: What is 23 * 47?\nFound so far:\n- calculator {"expression": "23 * 47"} -> 1081\n'
         "Answer the task now from what was found, in one short sentence.")
 
 
@@ -191,8 +190,7 @@ def test_each_step_restates_what_the_tools_gave_and_the_file_still_to_read():
     trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
     assert trace.answer == "The code is 3817." and not any(s.rejected for s in trace.steps)
     second, third = [r.body["messages"][-1]["content"] for r in services.requests if r.type == "chat"][1:]
-    assert second.startswith(f"Task: {goal}\nRemembered:\n- Numbers in this house are written in base 10.\n"
-                             "Found so far:\n"
+    assert second.startswith(f"Task: {goal}\nFound so far:\n"
                              '- file_reader {"path": "todo.txt"} -> Buy stamps / The bike lock code is in notes/bike.txt\n'
                              "Not read yet: notes/bike.txt.\n")
     assert '{"path": "notes/bike.txt"} -> Code: 3817' in third and "Not read yet" not in third

@@ -234,3 +234,11 @@ def test_a_number_read_as_another_kind_of_measure_is_not_backed():
     memory.add("file_reader", '{"path": "recipe.txt"}', "flour: 250 g\nmilk: 500 ml\neggs: 2\n")
     assert memory.invented("You need 500 grams of flour.") == ["500"]  # the milk's 500 ml is not a weight
     assert memory.invented("250 grams for 4, and 500 of milk, 2 eggs") == []
+
+
+def test_the_note_restates_only_the_recalled_memories_that_share_a_word_with_the_goal():
+    memory = WorkingMemory("windows.txt lists our windows, and my memories have the cleaner's price per window.",
+                           ["The window cleaner charges 4.50 euros per window.", "The bins go out on Wednesday."])
+    assert memory.related_memories() == ["The window cleaner charges 4.50 euros per window."]
+    assert "Remembered:\n- The window cleaner charges 4.50 euros per window.\n" in memory.note() + "\n"
+    assert "Remembered" not in WorkingMemory("What is for dinner on Friday?", memory.memories).note()

@@ -309,8 +309,11 @@ _SPELLINGS = "|".join(sorted(map(re.escape, _UNIT_OF), key=len, reverse=True))
 #: The unit written right after a number ("7.2 metres", "59 F", "15 degrees Celsius").
 _UNIT_AFTER = re.compile(rf"\s?(?:degrees?\s)?({_SPELLINGS})(?![\w°])", re.IGNORECASE)
 #: The unit a task asks its answer in ("in centimetres", "how many minutes"); words only, no "m" or "F".
-_ASKED_UNIT = re.compile(rf"\b(?:in|into|to|how many)\s+(?:degrees\s)?({_SPELLINGS})\b", re.IGNORECASE)
+_ASKED_UNIT = re.compile(rf"\b(?:in|into|to|how many(?: more)?)\s+(?:degrees\s)?({_SPELLINGS})\b", re.IGNORECASE)
 _WORD = re.compile(r"[\w'.-]*\w")
+#: Words a goal and a memory share without being about the same thing.
+_COMMON_WORDS = frozenset("what which that this have does with from they them their there many much will would "
+                          "should could into about your mine memories memory file files says said".split())
 _HOW_MANY = re.compile(r"\bhow many\b", re.IGNORECASE)
 #: Words by which a task asks for a figure computed from what the tools find, not one they hold.
 _COMPUTE = re.compile(r"\b(?:compute|calculate|add(?:ed)? up|total|sum|altogether|convert|how many more|left|cost)\b",
@@ -457,12 +460,18 @@ class WorkingMemory:
                            f"compute it with {self.compute_tool}")
         return reasons
 
+    def related_memories(self) -> list[str]:
+        """The recalled memories that share a word with the goal: restated in the note, since the 1.5B asked
+        again for a price it had been given, and answered from an unrelated memory when all were restated."""
+        goal = {w for w in _WORD.findall(self.goal.lower()) if len(w) > 3} - _COMMON_WORDS
+        return [m for m in self.memories if goal & set(_WORD.findall(m.lower()))]
+
     def note(self) -> str:
         """The working memory as prompt text: the task, the recalled memories, what the tools gave so far, and
         what is still missing."""
         lines = [f"Task: {self.goal}"]
-        if self.memories:  # recalled into the first prompt, far above by now: the 1.5B then asked for them again
-            lines += ["Remembered:", *(f"- {memory}" for memory in self.memories)]
+        if related := self.related_memories():  # recalled into the first prompt, far above by now
+            lines += ["Remembered:", *(f"- {memory}" for memory in related)]
         if self.facts:
             lines.append("Found so far:")
             for tool, arguments, result in self.facts:
