@@ -38,7 +38,7 @@ def test_step_costs_interpolate_and_extrapolate_what_was_not_measured():
     costs.observe(9, 0.24)
     assert costs(1) == 0.08 and costs(9) == 0.24
     assert abs(costs(5) - 0.16) < 1e-9
-    assert abs(costs(11) - (0.24 + 2 * 0.008)) < 1e-9  # 10% of one token's step per token, optimistic
+    assert abs(costs(11) - (0.24 + 2 * 0.02)) < 1e-9  # a quarter of one token's step per token
     costs.observe(1, 0.18)
     assert abs(costs(1) - 0.10) < 1e-9  # a moving average
 
