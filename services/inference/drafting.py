@@ -16,8 +16,8 @@
   The length is chosen from this session's measured acceptance of drafts found
   by a match of the same length n (a long match is right far more often than a
   short one) and the engine's measured step costs (``StepCosts``), 0 when no
-  length beats plain decoding. A session's estimate for matches of n tokens starts from what
-  the engine measured on every session's (``MatchAcceptance``).
+  length beats plain decoding. A session's first estimate for a match length is what the
+  engine measured over every session (``MatchAcceptance``).
 
 The target model checks every draft in its next decode step (``scheduler.Scheduler``).
 """
@@ -99,9 +99,9 @@ class DraftLength:
     """The draft length that maximizes a session's expected tokens per second of decoding.
 
     Acceptance is modelled per token: each draft is right with chance ``p`` given the ones before it were,
-    measured on this session's own drafts (recent ones weigh more), starting from ``prior`` (for drafts
-    found by a match of n tokens, ``MatchAcceptance.start``). Steps without drafts drift ``p`` slowly back towards the prior, so a session that stopped
-    drafting tries again later."""
+    measured on this session's own drafts (recent ones weigh more), starting from ``prior``
+    (``MatchAcceptance.start``). Steps without drafts drift ``p`` slowly back towards the prior, so a session
+    that stopped drafting tries again later."""
 
     def __init__(self, prior: float = 0.5, decay: float = 0.9):
         self.prior, self.decay = prior, decay
@@ -149,14 +149,17 @@ class MatchAcceptance:
     def __init__(self):
         self._by_n: dict[int, DraftLength] = {}
 
+    @staticmethod
+    def cap(n: int) -> float:
+        return (n - 1) / (n + 1)
+
     def observe(self, n: int, drafted: int, accepted: int) -> None:
-        self._by_n.setdefault(n, DraftLength(prior=(n - 1) / (n + 1))).observe(drafted, accepted)
+        self._by_n.setdefault(n, DraftLength(prior=self.cap(n))).observe(drafted, accepted)
 
     def start(self, n: int) -> DraftLength:
         """A session's estimate for matches of n tokens, from what this engine measured so far."""
-        prior = (n - 1) / (n + 1)
         measured = self._by_n.get(n)
-        return DraftLength(prior=min(prior, measured.p) if measured else prior)
+        return DraftLength(prior=min(self.cap(n), measured.p) if measured else self.cap(n))
 
 
 class DraftModel:
