@@ -1,6 +1,6 @@
 """Drafting by n-gram lookup and the choice of draft length: pure logic, no model."""
 
-from services.inference.drafting import DraftLength, NgramIndex, StepCosts
+from services.inference.drafting import DraftLength, MatchAcceptance, NgramIndex, StepCosts
 
 
 def test_the_index_proposes_what_followed_the_latest_occurrence_of_the_last_n_tokens():
@@ -38,7 +38,7 @@ def test_step_costs_interpolate_and_extrapolate_what_was_not_measured():
     costs.observe(9, 0.24)
     assert costs(1) == 0.08 and costs(9) == 0.24
     assert abs(costs(5) - 0.16) < 1e-9
-    assert abs(costs(11) - (0.24 + 2 * 0.008)) < 1e-9  # 10% of one token's step per token, optimistic
+    assert abs(costs(11) - (0.24 + 2 * 0.02)) < 1e-9  # a quarter of one token's step per token
     costs.observe(1, 0.18)
     assert abs(costs(1) - 0.10) < 1e-9  # a moving average
 
@@ -78,3 +78,16 @@ def test_a_session_that_stopped_drafting_drifts_back_to_trying():
     assert abs(length.p - 0.75) < 0.01  # back at the prior
     assert length.choose(8, costs, batch=1, gaining=1) > 0
 
+
+
+def test_a_new_session_starts_from_what_the_engine_measured_for_its_match_length():
+    acceptance, costs = MatchAcceptance(), cpu_like_costs()
+    assert abs(acceptance.start(4).p - 3 / 5) < 1e-9  # nothing measured: (n - 1) / (n + 1)
+    for _ in range(10):
+        acceptance.observe(4, 3, 0)  # other sessions' drafts from 4-token matches were wrong
+    assert acceptance.start(4).p < 0.2
+    assert acceptance.start(4).choose(8, costs, batch=1, gaining=1) == 0  # so a new one does not try them
+    assert abs(acceptance.start(3).p - 2 / 4) < 1e-9  # other lengths keep their own
+    for _ in range(20):
+        acceptance.observe(2, 8, 8)
+    assert abs(acceptance.start(2).p - 1 / 3) < 1e-9  # right elsewhere never starts a session above the prior

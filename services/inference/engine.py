@@ -25,7 +25,7 @@ from llama_cpp import _internals
 
 from shared.config import KNOBS, REBUILD_KNOBS, EngineConfig
 from shared.protocol import ErrorCode, ProtocolError
-from services.inference.drafting import DraftModel, StepCosts
+from services.inference.drafting import DraftModel, MatchAcceptance, StepCosts
 from services.inference.session_store import SessionStore
 from services.inference.sessions import SessionTable
 
@@ -84,6 +84,7 @@ class Engine:
         self.warmed = False
         self._batch = None
         self._open_context()
+        self.draft_acceptance = MatchAcceptance()  # measured by the scheduler, where sessions' estimates start
         self.drafter = (DraftModel(Engine(self._draft_config(cfg)), self.n_vocab)
                         if cfg.draft_model_path else None)
 

@@ -409,6 +409,7 @@ class Scheduler:
         t.accepted += accepted
         if speculative and t.step_match:
             t.draft_lengths[t.step_match].observe(speculative, accepted)
+            t.engine.draft_acceptance.observe(t.step_match, speculative, accepted)
         if drafts:  # drop the KV of rejected drafts (and of any past where the generation ended)
             t.engine.trim_seq(t.slot.seq_id, len(t.slot.tokens))
 
@@ -429,7 +430,9 @@ class Scheduler:
         drafts, t.step_match = t.ngrams.propose([t.pending] + forced, k)
         if drafts:
             n = t.step_match
-            length = t.draft_lengths.setdefault(n, DraftLength(prior=n / (n + 2)))
+            length = t.draft_lengths.get(n)
+            if length is None:  # its first match of n tokens: start from what the engine measured
+                length = t.draft_lengths[n] = engine.draft_acceptance.start(n)
             k = length.choose(len(drafts), engine.step_costs, batch + len(forced), decoders + len(forced))
             if not k:
                 length.rest()
