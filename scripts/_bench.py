@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -29,6 +30,12 @@ PLANNER_TASKS = ["bring a glass of water", "find the red book", "water the plant
 
 #: The model of the benchmarks that measure the engine rather than an agent: the small bundled base model.
 BENCH_MODEL = catalog.get(catalog.BASE_MODEL).path()
+
+
+def stop_services_on_sigterm() -> None:
+    """Make SIGTERM (``timeout``, ``kill``) exit through the script's ``finally`` blocks, which stop the services
+    it started; by default it ends Python at once and leaves them running."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
 
 
 def start_inference(home: Path, tag: str, engine: dict, timeout_s: float = 300) -> tuple[Config, Client]:

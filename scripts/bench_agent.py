@@ -57,6 +57,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _bench import stop_services_on_sigterm  # noqa: E402
 from magnitude import launcher  # noqa: E402
 from magnitude.agent import SYSTEM_PROMPT, Agent, tool_output, tool_specs  # noqa: E402
 from shared import process  # noqa: E402
@@ -579,6 +580,7 @@ def main() -> int:
     parser.add_argument("--json", type=Path, help="write every task's outcome to this file")
     parser.add_argument("--no-lock", action="store_true", help=f"do not take {HEAVY_LOCK} (already held)")
     args = parser.parse_args()
+    stop_services_on_sigterm()
     kinds = args.tasks.split(",") if args.tasks else list(KINDS)
     if unknown := set(kinds) - set(KINDS):
         parser.error(f"unknown task kinds: {', '.join(sorted(unknown))}")

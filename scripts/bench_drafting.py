@@ -37,7 +37,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _bench import start_inference  # noqa: F401  (puts the repository on sys.path)
+from _bench import stop_services_on_sigterm  # (also puts the repository on sys.path)
 from bench_spec_chat import FILES, TASKS, TOOLS, run_tool
 from bench_vs_llama_server import MagnitudeBackend, Sample, ServerBackend, build_server
 from shared import catalog
@@ -147,6 +147,7 @@ def main() -> int:
     parser.add_argument("--only", choices=["magnitude", "llama-server"], help="run one side")
     parser.add_argument("--server", help="llama-server binary (default: built/cached by native/build_llama_server.sh)")
     args = parser.parse_args()
+    stop_services_on_sigterm()
     if not Path(args.model).is_file():
         sys.exit(f"{args.model} not found (scripts/setup pulls the catalog's models)")
 

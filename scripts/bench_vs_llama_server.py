@@ -48,7 +48,7 @@ from pathlib import Path
 
 import psutil
 
-from _bench import BENCH_MODEL, PLANNER_SYSTEM, PLANNER_TASKS, start_inference, stop
+from _bench import BENCH_MODEL, PLANNER_SYSTEM, PLANNER_TASKS, start_inference, stop, stop_services_on_sigterm
 from shared.client import Client, GenerateResult
 from scripts._prompts import gemma_prompt
 
@@ -353,6 +353,7 @@ def main() -> int:
                         help="a run during which other processes used more CPU cores than this is repeated")
     parser.add_argument("--retries", type=int, default=3, help="repeats of a disturbed run before it is kept anyway")
     args = parser.parse_args()
+    stop_services_on_sigterm()
 
     backends = []
     with tempfile.TemporaryDirectory(prefix="magvs", dir="/tmp") as tmp:
