@@ -144,6 +144,11 @@ def _mentions(names: list[str]) -> re.Pattern[str]:
     return re.compile("|".join(rf"(?P<t{i}>\b{s}\b)" for i, s in enumerate(spelled)) or "(?!)", re.IGNORECASE)
 
 
+def _tool_named(match: re.Match[str], names: list[str]) -> str:
+    """The tool a ``_mentions(names)`` match found."""
+    return names[int(match.lastgroup[1:])]
+
+
 def _named(tool: str) -> dict:
     return {"type": "function", "function": {"name": tool}}
 
@@ -234,9 +239,6 @@ class _Run:
             mentions = _mentions(tool_names)
             for index in range(1, self.max_iterations + 1):
                 t0 = time.monotonic()
-                compress = index - last_compressed >= _COMPRESS_EVERY and (yield from self._advised_to_compress())
-                built = yield from self._budgeted(context.build(SYSTEM_PROMPT, trace.goal, history,
-                                                               memories=trace.memories, compress=compress))
                 # The last step, and the step after a repeated call, must answer: no tool call can open.
                 must_answer = answer_now or index == self.max_iterations
                 if must_answer and memory.facts:
@@ -244,6 +246,9 @@ class _Run:
                     trace.answer, trace.stopped = step.content, "final_answer"
                     step.ms = round((time.monotonic() - t0) * 1000, 1)
                     break
+                compress = index - last_compressed >= _COMPRESS_EVERY and (yield from self._advised_to_compress())
+                built = yield from self._budgeted(context.build(SYSTEM_PROMPT, trace.goal, history,
+                                                               memories=trace.memories, compress=compress))
                 choice = "none" if must_answer else "auto"
                 if forced and choice == "auto":
                     choice = _named(forced)
@@ -272,7 +277,7 @@ class _Run:
                     # Before any tool ran, it wrote about a call (in prose, or as JSON no parser takes) instead of
                     # making it: once per run, ask again with that tool named, so the call comes out in the model's
                     # own format. (Once tools have run, a tool's name in a reply is a report of what was done.)
-                    forced = step.intended = tool_names[int(named.lastgroup[1:])]
+                    forced = step.intended = _tool_named(named, tool_names)
                     continue
                 forced = forced and ""  # a named call is asked for once
                 reasons = memory.unmet(step.content) if not calls and checks and choice != "none" else []
@@ -285,7 +290,7 @@ class _Run:
                     elif memory.needs_computing(step.content):
                         insist = _named(_COMPUTE_TOOL)
                     elif mentioned := mentions.search(step.content):  # a plan in prose: the tool it means to use
-                        insist = _named(tool_names[int(mentioned.lastgroup[1:])])
+                        insist = _named(_tool_named(mentioned, tool_names))
                     continue
                 if not calls and not step.content:  # nothing said: not an answer; the next step answers from memory
                     answer_now = True
