@@ -228,6 +228,18 @@ def test_a_number_no_tool_gave_is_sent_back_at_most_answer_checks_times():
     assert trace.answer == "It is 1001." and trace.stopped == "final_answer"
 
 
+def test_a_list_to_count_is_counted_from_the_numbered_note_once_read():
+    goal = "How many things are on the packing list in packing.txt?"
+    services = WithFiles([{"role": "assistant", "content": "",
+                           "tool_calls": [call("file_reader", '{"path": "packing.txt"}')]},
+                          answer("There are 3 things on the list.")], {"packing.txt": "passports\ntickets\ntowels\n"})
+    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    assert trace.answer == "There are 3 things on the list." and len(trace.steps) == 2
+    counted = [r for r in services.requests if r.type == "chat"][-1]  # no tools: no Python for the calculator
+    assert counted.session is None and "tools" not in counted.body
+    assert "1. passports / 2. tickets / 3. towels" in counted.body["messages"][-1]["content"]
+
+
 def test_a_goal_that_names_a_file_reads_it_first():
     goal = "According to plan.txt, what is the robot's task on Tuesday?"
     services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "plan.txt"}')]},
@@ -253,7 +265,7 @@ def test_an_answer_that_only_restates_what_was_read_is_sent_back_to_the_calculat
 
 def test_a_plan_in_prose_sent_back_is_asked_again_with_the_tool_it_names():
     goal = "index.txt names the file with this week's menu. What is for dinner on Friday?"
-    files = {"index.txt": "Menu: menus/week49.txt\n", "menus/week49.txt": "Friday: lasagne\n"}
+    files = {"index.txt": "Current: menus/week49.txt\n", "menus/week49.txt": "Friday: lasagne\n"}  # no word of the goal
     services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "index.txt"}')]},
                           answer("I need to: 1. find the menu file, 2. use the file reader to read it."),
                           {"role": "assistant", "content": "",
@@ -268,7 +280,8 @@ def test_a_plan_in_prose_sent_back_is_asked_again_with_the_tool_it_names():
 
 def test_a_call_written_as_the_reply_text_is_made():
     for text in ('```json\n{"name": "calculator", "arguments": {"expression": "23 * 47"}}\n```',
-                 '<tool_response>\n{"name": "calculator", "arguments": {"expression": "23 * 47"}}\n</tool_response>'):
+                 '<tool_response>\n{"name": "calculator", "arguments": {"expression": "23 * 47"}}\n</tool_response>',
+                 'To multiply, use the calculator.\n{"name": "calculator", "arguments": {"expression": "23 * 47"}}'):
         services = Scripted([answer(text), answer("It is 1081.")])
         trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
         assert trace.answer == "It is 1081." and [c.output for c in trace.steps[0].calls] == ["1081"]

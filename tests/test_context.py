@@ -6,7 +6,7 @@ The real tokenizer, summarizer and memory are exercised through the agent (tests
 import pytest
 
 from services.agent.context import (FACT_CHARS, MESSAGE_OVERHEAD, SUMMARY_HEADING, ContextManager, Count, Remember,
-                                    Summarize, Turn, WorkingMemory, drive, transcript)
+                                    Summarize, Turn, WorkingMemory, conversion, drive, transcript)
 from shared.config import ContextBudget
 
 
@@ -139,11 +139,23 @@ def test_working_memory_names_the_files_still_to_read_and_restates_each_result()
         "Not read yet: notes/bike.txt."]
     assert memory.unmet("The code is kept in notes/bike.txt.") == ["notes/bike.txt has not been read yet"]
     memory.add("file_reader", '{"path": "index.txt"}', "Menus: menus/week49.txt\nRota: rota.txt\n")
-    assert memory.unmet("The lock is on the bike.") == []  # files neither the goal nor the answer names: not asked for
-    assert memory.unmet("See menus/week49.txt.") == ["menus/week49.txt has not been read yet"]
+    assert memory.unmet("The lock is on the bike.") == [  # the file todo.txt names for the code, not the index's files
+        "notes/bike.txt has not been read yet"]
+    assert memory.unmet("See menus/week49.txt.") == ["menus/week49.txt has not been read yet",
+                                                     "notes/bike.txt has not been read yet"]
     memory.add("file_reader", '{"path": "notes/bike.txt"}', "Bike lock code: 3817\n")
     assert memory.unread() == ["menus/week49.txt", "rota.txt"] and memory.unread(memory.goal) == []
-    assert memory.note().endswith("Not read yet: menus/week49.txt, rota.txt.")
+    assert "Not read yet" not in memory.note()  # the index's other files: nothing the task asks about
+
+
+def test_a_file_a_result_names_for_what_the_goal_asks_about_is_still_to_read():
+    memory = WorkingMemory("contacts.txt tells where the babysitter's details are. What is her phone number?")
+    memory.add("file_reader", '{"path": "contacts.txt"}',
+               "Babysitter: details in people/babysitter.txt\nNeighbour: Mr Okafor, flat 2\nRota: rota.txt\n")
+    assert memory.unmet("Her number is Mr Okafor, flat 2.") == ["people/babysitter.txt has not been read yet"]
+    assert memory.still_to_read("") == ["people/babysitter.txt"]  # not rota.txt: nothing the goal asks about
+    memory.add("file_reader", '{"path": "people/babysitter.txt"}', "Phone: 555-0178\n")
+    assert memory.unmet("Her number is 555-0178.") == []
 
 
 def test_working_memory_cuts_a_long_result_and_takes_no_number_for_a_path():
@@ -170,13 +182,21 @@ def test_an_answer_in_another_unit_than_the_goal_asks_for_is_not_done():
                            compute_tool="calculator")
     assert memory.asked_unit() == ("temperature", "Celsius")  # the unit the question asks in: the last one named
     memory.add("file_reader", '{"path": "thermostat.txt"}', "Day: 70 F\nNight: 59 F")
-    assert memory.unmet("The night setting is 59 F.") == ["the task asks for Celsius, not Fahrenheit; convert with a tool"]
+    assert memory.unmet("The night setting is 59 F.") == [
+        "the task asks for Celsius, not Fahrenheit; convert with a tool (Fahrenheit to Celsius: subtract 32, then "
+        "multiply by 5 / 9)"]
+    assert conversion("inches", "centimetres") == "inches to centimetres: multiply by 2.54"
+    assert conversion("minutes", "hours") == "minutes to hours: divide by 60"
     assert memory.needs_computing("The night setting is 59 F.")
     memory.add("calculator", '{"expression": "(59 - 32) * 5 / 9"}', "15")
     assert memory.unmet("It is 15 degrees Celsius.") == memory.unmet("15 °C") == []
     minutes = WorkingMemory("How many minutes does the drive take?", compute_tool="calculator")
     minutes.add("memory_search", '{"query": "drive"}', "- The drive takes 2 hours and 40 minutes.")
     assert minutes.wrong_units("2 hours and 40 minutes") == ["hours"]
+    assert minutes.unmet("2 hours and 40 minutes") == [
+        "the task asks for minutes, not hours; convert with a tool (hours to minutes: multiply by 60)"]
+    assert "multiply by 60" not in minutes.note()  # in the note, the 1.5B gave the conversion as its answer
+    assert minutes.invented("2 * 60 + 40 = 160") == ["160"]  # the conversion's 60 is given; the sum is not
     assert minutes.wrong_units("160 minutes") == [] and minutes.wrong_units("It is 8 windows away.") == []
     assert WorkingMemory("How tall is the door in my memories?").wrong_units("2 metres") == []  # no unit asked
 
@@ -206,12 +226,58 @@ def test_a_count_of_what_a_result_lists_is_backed_when_the_goal_asks_how_many():
     assert WorkingMemory("What is in rsvp.txt?", facts=memory.facts).invented("2 said yes.") == ["2"]
 
 
+def test_a_list_to_count_is_numbered_in_the_note_and_an_answer_without_a_count_is_not_done():
+    memory = WorkingMemory("How many things are on the packing list in packing.txt?", compute_tool="calculator")
+    memory.add("file_reader", '{"path": "packing.txt"}', "passports\ntickets\n\nsun cream\n")
+    assert memory.counting() and '-> 1. passports / 2. tickets / 3. sun cream' in memory.note()
+    assert memory.note().endswith("Count with the numbered lines above; the calculator cannot count.")
+    assert memory.unmet("You can count them with len().") == ["it does not say how many"]
+    assert memory.unmet("Three things.") == memory.unmet("There are 3.") == []
+    assert memory.unmet("Turn yes into 1 and sum:\n```python\nsum(1 for line in f)\n```") == [
+        "it writes code instead of answering; the tools do not run it"]
+    assert memory.unmet("There are 5.") == ["5 was not read or counted; count the numbered lines found"]
+    grams = WorkingMemory("recipe.txt is for 4 people. How many grams of flour do I need for 10?",
+                          compute_tool="calculator")
+    grams.add("file_reader", '{"path": "recipe.txt"}', "flour: 250 g\nmilk: 500 ml\n")
+    assert not grams.counting() and "1." not in grams.note()  # how many of a unit: computed, not counted
+
+
+def test_a_calculation_that_leaves_out_a_figure_of_the_goal_is_not_done():
+    memory = WorkingMemory("recipe.txt is for 4 people. How many grams of flour do I need to make it for 10?",
+                           compute_tool="calculator")
+    memory.add("file_reader", '{"path": "recipe.txt"}', "flour: 250 g\n")
+    assert memory.unused_figures() == []  # nothing computed yet: nothing left out
+    memory.add("calculator", '{"expression": "250 * 10"}', "2500")
+    assert memory.unmet("You need 2500 grams.") == ["the task's 4 is in no calculation yet"]
+    assert memory.needs_computing("You need 2500 grams.")
+    memory.add("calculator", '{"expression": "250 / 4 * 10"}', "625")
+    assert memory.unmet("You need 625 grams.") == []
+    plants = WorkingMemory("Each plant in plants.txt gets its amount of water twice a week. How many millilitres is "
+                           "that per week for all of them?", compute_tool="calculator")
+    plants.add("calculator", '{"expression": "200 + 50 + 150"}', "400")
+    assert plants.unused_figures() == ["twice"]
+    plants.add("calculator", '{"expression": "400 * 2"}', "800")
+    assert plants.unused_figures() == []
+
+
+def test_an_answer_that_leaves_out_what_the_calculator_computed_is_not_done():
+    memory = WorkingMemory("Look up the monthly rent in my memories and compute what a year of rent costs.",
+                           compute_tool="calculator")
+    memory.add("memory_search", '{"query": "monthly rent"}', "- The monthly rent is 1840 euros. (score 0.67)")
+    memory.add("calculator", '{"expression": "1840 * 12"}', "22080")
+    assert memory.unmet("The monthly rent is 1840 euros.") == [
+        "it gives what was found, not what calculator computed from it (22080)"]
+    assert memory.omits_result("A year costs 22080 euros, 1840 a month.") is None
+    assert not memory.needs_computing("The monthly rent is 1840 euros.")  # computed already: not computed again
+
+
 def test_an_answer_that_repeats_the_task_or_a_recalled_figure_is_not_done():
     memory = WorkingMemory("The dishwasher's manual is listed in manuals.txt. Which program does it recommend?",
                            ["The electricity price is 0.28 euros per kWh."], compute_tool="calculator")
     memory.add("file_reader", '{"path": "manuals.txt"}', "Dishwasher: manuals/dishwasher.txt\n")
-    assert memory.unmet("The dishwasher's manual is listed in manuals.txt.") == ["it repeats the task instead of "
-                                                                                 "answering it"]
+    assert memory.unmet("The dishwasher's manual is listed in manuals.txt.") == [
+        "manuals/dishwasher.txt has not been read yet", "it repeats the task instead of answering it"]
+    memory.add("file_reader", '{"path": "manuals/dishwasher.txt"}', "Recommended: Delicate\n")
     assert memory.unmet("It recommends Delicate.") == [] and not memory.echoes_goal("The manual.")
     bill = WorkingMemory("Read usage.txt and compute last month's electricity cost.", memory.memories,
                          compute_tool="calculator")

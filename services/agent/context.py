@@ -302,6 +302,13 @@ _UNITS = {
                "litres": "l litre litres liter liters", "gallons": "gallon gallons"},
     "temperature": {"Celsius": "c °c celsius", "Fahrenheit": "f °f fahrenheit"},
 }
+#: Each unit's size in its kind's base unit (metre, second, gram, litre), for the conversion a task needs.
+_SIZE = {"millimetres": 0.001, "centimetres": 0.01, "metres": 1, "kilometres": 1000, "inches": 0.0254, "feet": 0.3048,
+         "miles": 1609.344, "seconds": 1, "minutes": 60, "hours": 3600, "days": 86400, "weeks": 604800, "grams": 1,
+         "kilograms": 1000, "pounds": 453.59237, "ounces": 28.349523125, "millilitres": 0.001, "litres": 1,
+         "gallons": 3.785411784}
+_TEMPERATURE = {("Fahrenheit", "Celsius"): "subtract 32, then multiply by 5 / 9",
+                ("Celsius", "Fahrenheit"): "multiply by 9 / 5, then add 32"}
 #: spelling -> (what it measures, the unit's name)
 _UNIT_OF = {spelled: (kind, unit) for kind, units in _UNITS.items() for unit, spellings in units.items()
             for spelled in spellings.split()}
@@ -313,8 +320,18 @@ _ASKED_UNIT = re.compile(rf"\b(?:in|into|to|how many(?: more)?)\s+(?:degrees\s)?
 _WORD = re.compile(r"[\w'.-]*\w")
 #: Words a goal and a memory share without being about the same thing.
 _COMMON_WORDS = frozenset("what which that this have does with from they them their there many much will would "
-                          "should could into about your mine memories memory file files says said".split())
+                          "should could into about your mine memories memory file files says said tells where "
+                          "read".split())
 _HOW_MANY = re.compile(r"\bhow many\b", re.IGNORECASE)
+#: A goal's figure written as a word ("twice a week": the 1.5B added the plants' amounts and stopped).
+_TIMES = {"twice": 2, "double": 2, "thrice": 3, "triple": 3}
+_TIMES_WORD = re.compile(rf"\b(?:{'|'.join(_TIMES)})\b", re.IGNORECASE)
+#: A reply that writes code (a fenced block), and a goal that asks for code.
+_CODE_BLOCK = re.compile(r"```")
+_ASKS_FOR_CODE = re.compile(r"\b(?:code|script|program|python|function|snippet)\b", re.IGNORECASE)
+#: A count written as a word ("four people said yes").
+_COUNT_WORD = re.compile(r"\b(?:none|one|two|three|four|five|six|seven|eight|nine|ten|eleven|twelve|thirteen|"
+                         r"fourteen|fifteen|sixteen|seventeen|eighteen|nineteen|twenty|dozen)\b", re.IGNORECASE)
 #: Words by which a task asks for a figure computed from what the tools find, not one they hold.
 _COMPUTE = re.compile(r"\b(?:compute|calculate|add(?:ed)? up|total|sum|altogether|convert|how many more|left|cost)\b",
                       re.IGNORECASE)
@@ -340,6 +357,18 @@ def _values(text: str) -> list[tuple[str, float]]:
     return [(written, value) for written, value, _ in _quantities(text)]
 
 
+def _content_words(text: str) -> set[str]:
+    """The words of ``text`` that say what it is about: longer than three letters, not common, no file paths,
+    a possessive's "'s" dropped (a memory or a result line "about" the same thing as a goal shares one)."""
+    words = (w.removesuffix("'s") for w in _WORD.findall(PATH.sub(" ", text).lower()))
+    return {w for w in words if len(w) > 3} - _COMMON_WORDS
+
+
+def _lines(result: str) -> list[str]:
+    """The non-empty lines of a tool result, stripped."""
+    return [line.strip() for line in result.splitlines() if line.strip()]
+
+
 def _expression(arguments: str) -> str:
     """The text of a call's arguments (a calculator's expression), whatever the parameter is called."""
     try:
@@ -351,6 +380,17 @@ def _expression(arguments: str) -> str:
 
 def _unit(spelled: str) -> tuple[str, str] | None:
     return _UNIT_OF.get(spelled.lower())
+
+
+def conversion(source: str, target: str) -> str:
+    """How to convert a figure from one unit to another of the same kind, in words: "hours to minutes: multiply
+    by 60" (the 1.5B, told to convert 2 hours and 40 minutes, computed 2 * 40)."""
+    if (source, target) in _TEMPERATURE:
+        how = _TEMPERATURE[source, target]
+    else:
+        ratio = _SIZE[source] / _SIZE[target]
+        how = f"multiply by {ratio:.6g}" if ratio >= 1 else f"divide by {1 / ratio:.6g}"
+    return f"{source} to {target}: {how}"
 
 
 @dataclass
@@ -375,17 +415,24 @@ class WorkingMemory:
         named = PATH.findall(" ".join(texts or [self.goal, *(result for _, _, result in self.facts)]))
         return [path for path in dict.fromkeys(named) if path not in asked]
 
+    def still_to_read(self, answer: str) -> list[str]:
+        """The unread files ``answer`` cannot do without: those the goal or the answer names, and those a result
+        names on a line about the goal ("Babysitter: details in people/babysitter.txt" for "contacts.txt tells
+        where the babysitter's details are"; not the other files an index lists)."""
+        goal = _content_words(self.goal)
+        pointers = [line for _, _, r in self.facts for line in _lines(r) if goal & _content_words(line)]
+        return self.unread(self.goal, answer, *pointers)
+
     def invented(self, answer: str) -> list[str]:
-        """Numbers in ``answer`` that the goal, the memories and the tool results do not hold, even rounded up or
-        down to the digits written, as a measure of the same kind where both name a unit (only once a tool ran or
-        the goal has numbers: "a spider has 8 legs" needs no source)."""
-        known = [(v, unit) for text in (self.goal, *self.memories, *(r for _, _, r in self.facts))
+        """Numbers in ``answer`` that the goal, the memories, the tool results and the conversions do not hold, even
+        rounded up or down to the digits written, as a measure of the same kind where both name a unit (only once
+        a tool ran or the goal has numbers: "a spider has 8 legs" needs no source)."""
+        known = [(v, unit) for text in (self.goal, *self.memories, *(r for _, _, r in self.facts), *self.conversions())
                  for _, v, unit in _quantities(text)]
         if not self.facts and not _values(self.goal):
             return []
         # A count of what a result lists is computed from it (the goal asks "how many" things a file holds).
-        most = max((len([ln for ln in r.splitlines() if ln.strip()]) for _, _, r in self.facts), default=0) \
-            if _HOW_MANY.search(self.goal) else 0
+        most = max((len(_lines(r)) for _, _, r in self.facts), default=0) if _HOW_MANY.search(self.goal) else 0
 
         def grounded(written: str, value: float, unit: tuple[str, str] | None) -> bool:
             digit = 10.0 ** -len(written.partition(".")[2])  # within one unit of its last digit: 8029 for 8029.7
@@ -400,6 +447,15 @@ class WorkingMemory:
         What is the night setting in Celsius?" asks in Celsius)."""
         asked = _ASKED_UNIT.findall(self.goal)
         return _unit(asked[-1]) if asked else None
+
+    def conversions(self) -> list[str]:
+        """How to convert each unit the goal, the related memories and the results measure in to the unit the
+        goal asks for (same kind, another unit)."""
+        if not (want := self.asked_unit()):
+            return []
+        texts = (self.goal, *self.related_memories(), *(r for _, _, r in self.facts))
+        units = dict.fromkeys(u for text in texts for _, _, u in _quantities(text) if u and u[0] == want[0])
+        return [conversion(unit, want[1]) for _, unit in units if unit != want[1]]
 
     def wrong_units(self, answer: str) -> list[str]:
         """Units in ``answer`` that measure what the goal asks for in another unit ("7.2 metres" when it asks
@@ -418,6 +474,18 @@ class WorkingMemory:
         found = {v for text in (self.goal, *self.memories, *(r for _, _, r in self.facts)) for _, v in _values(text)}
         numbers = [v for _, v in _values(answer)]
         return bool(numbers) and all(v in found for v in numbers)
+
+    def omits_result(self, answer: str) -> str | None:
+        """The computing tool's last result, when the goal asks for a computed figure and ``answer`` gives only
+        figures the goal, memories or other tools gave (the 1.5B computed 1840 * 12, then answered "The monthly
+        rent is 1840 euros.")."""
+        results = [r for tool, _, r in self.facts if tool == self.compute_tool]
+        if not results or not _COMPUTE.search(self.goal) or not (numbers := [v for _, v in _values(answer)]):
+            return None
+        computed = {v for r in results for _, v in _values(r)}
+        found = {v for text in (self.goal, *self.memories, *(r for t, _, r in self.facts if t != self.compute_tool))
+                 for _, v in _values(text)}
+        return results[-1].strip() if all(v in found and v not in computed for v in numbers) else None
 
     def iterates(self, tool: str, arguments: str) -> bool:
         """A call of the computing tool that applies its last calculation again to that one's result (23 * 2.2
@@ -440,21 +508,51 @@ class WorkingMemory:
         words = _WORD.findall(answer.lower())
         return len(words) >= 3 and set(words) <= set(_WORD.findall(self.goal.lower()))
 
+    def counting(self) -> bool:
+        """The goal asks how many things (not how many of a unit), and a result lists several lines: the answer
+        is a count of them, which the calculator cannot make (the 1.5B wrote ``count(packing.txt)`` for it)."""
+        return bool(_HOW_MANY.search(self.goal)) and not self.asked_unit() and \
+            any(len(_lines(r)) > 1 for _, _, r in self.facts)
+
+    def unused_figures(self) -> list[str]:
+        """Figures of the goal that no calculation used, once the computing tool has run ("for 4 people ... for
+        10": the 1.5B computed 250 * 10)."""
+        expressions = [_expression(a) for tool, a, _ in self.facts if tool == self.compute_tool]
+        if not expressions:
+            return []
+        used = {v for e in expressions for _, v in _values(e)}
+        figures = _values(self.goal) + [(m.group(), _TIMES[m.group().lower()]) for m in _TIMES_WORD.finditer(self.goal)]
+        return list(dict.fromkeys(w for w, v in figures if v not in used))
+
     def needs_computing(self, answer: str) -> bool:
-        """The computing tool should take the next step: ``answer`` is in the wrong unit or only restates."""
-        return bool(self.compute_tool) and (bool(self.wrong_units(answer)) or self.restated(answer))
+        """The computing tool should take the next step: ``answer`` is in the wrong unit, only restates, or comes
+        from a calculation that left out a figure of the goal."""
+        return bool(self.compute_tool) and (bool(self.wrong_units(answer)) or self.restated(answer)
+                                            or bool(self.unused_figures()))
 
     def unmet(self, answer: str) -> list[str]:
-        """Why ``answer`` does not finish the task yet; empty when it may stand. A file counts when the goal or
-        the answer names it (an index of files names others the task does not need)."""
-        reasons = [f"{path} has not been read yet" for path in self.unread(self.goal, answer)]
+        """Why ``answer`` does not finish the task yet; empty when it may stand (files: ``still_to_read``)."""
+        reasons = [f"{path} has not been read yet" for path in self.still_to_read(answer)]
         if invented := self.invented(answer):
-            reasons.append(f"{', '.join(invented)} {'was' if len(invented) == 1 else 'were'} not read or computed "
-                           "with a tool; compute with a tool")
+            was = "was" if len(invented) == 1 else "were"
+            reasons.append(f"{', '.join(invented)} {was} not read or counted; count the numbered lines found"
+                           if self.counting() else f"{', '.join(invented)} {was} not read or computed with a tool; "
+                           "compute with a tool")
+        if _HOW_MANY.search(self.goal) and not _values(answer) and not _COUNT_WORD.search(answer):
+            reasons.append("it does not say how many")
         if wrong := self.wrong_units(answer):
-            reasons.append(f"the task asks for {self.asked_unit()[1]}, not {', '.join(wrong)}; convert with a tool")
+            want = self.asked_unit()[1]
+            reasons.append(f"the task asks for {want}, not {', '.join(wrong)}; convert with a tool ("
+                           + "; ".join(conversion(unit, want) for unit in wrong) + ")")
+        if _CODE_BLOCK.search(answer) and not _ASKS_FOR_CODE.search(self.goal):  # the 1.5B's plan for a count
+            reasons.append("it writes code instead of answering; the tools do not run it")
         if self.echoes_goal(answer):
             reasons.append("it repeats the task instead of answering it")
+        if unused := self.unused_figures():
+            reasons.append(f"the task's {', '.join(unused)} {'is' if len(unused) == 1 else 'are'} in no calculation "
+                           "yet")
+        if (result := self.omits_result(answer)) is not None:
+            reasons.append(f"it gives what was found, not what {self.compute_tool} computed from it ({result})")
         if self.restated(answer):
             reasons.append(f"it only repeats what was found, and the task asks for a result computed from it; "
                            f"compute it with {self.compute_tool}")
@@ -463,8 +561,8 @@ class WorkingMemory:
     def related_memories(self) -> list[str]:
         """The recalled memories that share a word with the goal: restated in the note, since the 1.5B asked
         again for a price it had been given, and answered from an unrelated memory when all were restated."""
-        goal = {w for w in _WORD.findall(self.goal.lower()) if len(w) > 3} - _COMMON_WORDS
-        return [m for m in self.memories if goal & set(_WORD.findall(m.lower()))]
+        goal = _content_words(self.goal)
+        return [m for m in self.memories if goal & _content_words(m)]
 
     def note(self) -> str:
         """The working memory as prompt text: the task, the recalled memories, what the tools gave so far, and
@@ -475,8 +573,13 @@ class WorkingMemory:
         if self.facts:
             lines.append("Found so far:")
             for tool, arguments, result in self.facts:
-                flat = " / ".join(line.strip() for line in result.strip().splitlines() if line.strip())
+                listed = _lines(result)
+                if self.counting() and len(listed) > 1:  # numbered, so the count is read off the last line
+                    listed = [f"{i}. {line}" for i, line in enumerate(listed, 1)]
+                flat = " / ".join(listed)
                 lines.append(f"- {tool} {arguments} -> {flat[:FACT_CHARS]}{'...' if len(flat) > FACT_CHARS else ''}")
-        if unread := self.unread():
+        if self.counting():  # the 1.5B otherwise writes Python for the calculator: sum(1 for line in ...)
+            lines.append("Count with the numbered lines above; the calculator cannot count.")
+        if unread := self.still_to_read(""):  # not every file an index lists: the 1.5B answered with one of those
             lines.append(f"Not read yet: {', '.join(unread)}.")
         return "\n".join(lines)

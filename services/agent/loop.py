@@ -166,11 +166,13 @@ def _reader(specs: list[dict], memory: WorkingMemory) -> str | dict | None:
 
 
 def _written_call(text: str, tools: list[str], call_id: str) -> dict | None:
-    """The call a reply means when it is only a tool call written as JSON text (in a fence, in tags such as
-    ``<tool_response>`` that no parser takes for a call, or bare); None for any other reply."""
+    """The call a reply means when it ends in a tool call written as JSON text (in a fence, in tags such as
+    ``<tool_response>`` that no parser takes for a call, or bare; alone or after a line of prose); None for any
+    other reply."""
     body = re.sub(r"^(?:```(?:json)?|<\w+>)\s*|\s*(?:```|</\w+>)$", "", text.strip())
+    start = re.search(r'(?:^|\n)\s*(?:```(?:json)?\s*|<\w+>\s*)?(\{\s*"name")', body)
     try:
-        value = json.loads(body)
+        value = json.loads(body[start.start(1):] if start else body)
     except json.JSONDecodeError:
         return None
     if not isinstance(value, dict) or value.get("name") not in tools or not isinstance(value.get("arguments"), dict):
@@ -285,7 +287,7 @@ class _Run:
                     checks -= 1  # (the answer itself stays out of the history: the model would copy it next time)
                     step.rejected = "; ".join(reasons)
                     history.append(Turn("user", _NOT_YET.format(note=memory.note(), reasons=step.rejected)))
-                    if memory.unread(trace.goal, step.content):
+                    if memory.still_to_read(step.content):
                         insist = _reader(specs, memory)
                     elif memory.needs_computing(step.content):
                         insist = _named(_COMPUTE_TOOL)
@@ -322,6 +324,8 @@ class _Run:
                     history.append(Turn("tool", result, message={"role": "tool", "tool_call_id": call.get("id"),
                                                                  "name": key[0], "content": result}))
                 history.append(Turn("user", _NEXT.format(note=memory.note())))
+                if memory.counting() and not memory.still_to_read(""):  # what to count is read: the count is read
+                    answer_now = True  # off the note's numbered lines (the 1.5B wrote Python for the calculator)
                 step.ms = round((time.monotonic() - t0) * 1000, 1)
         except ServiceError as err:  # inference itself failed: the run cannot go on
             trace.stopped, trace.error = "error", f"{err.code}: {err.message}"
