@@ -471,7 +471,7 @@ class WorkingMemory:
         if not self.compute_tool or not _COMPUTE.search(self.goal) or \
                 any(tool == self.compute_tool for tool, _, _ in self.facts):
             return False
-        found = {v for text in (self.goal, *self.memories, *(r for _, _, r in self.facts)) for _, v in _values(text)}
+        found = self._found()
         numbers = [v for _, v in _values(answer)]
         return bool(numbers) and all(v in found for v in numbers)
 
@@ -482,10 +482,13 @@ class WorkingMemory:
         results = [r for tool, _, r in self.facts if tool == self.compute_tool]
         if not results or not _COMPUTE.search(self.goal) or not (numbers := [v for _, v in _values(answer)]):
             return None
-        computed = {v for r in results for _, v in _values(r)}
-        found = {v for text in (self.goal, *self.memories, *(r for t, _, r in self.facts if t != self.compute_tool))
-                 for _, v in _values(text)}
+        computed, found = {v for r in results for _, v in _values(r)}, self._found()
         return results[-1].strip() if all(v in found and v not in computed for v in numbers) else None
+
+    def _found(self) -> set[float]:
+        """The values of the figures the goal, the memories and the tools other than the computing one gave."""
+        texts = (self.goal, *self.memories, *(r for tool, _, r in self.facts if tool != self.compute_tool))
+        return {v for text in texts for _, v in _values(text)}
 
     def iterates(self, tool: str, arguments: str) -> bool:
         """A call of the computing tool that applies its last calculation again to that one's result (23 * 2.2
@@ -572,9 +575,10 @@ class WorkingMemory:
             lines += ["Remembered:", *(f"- {memory}" for memory in related)]
         if self.facts:
             lines.append("Found so far:")
+            counting = self.counting()
             for tool, arguments, result in self.facts:
                 listed = _lines(result)
-                if self.counting() and len(listed) > 1:  # numbered, so the count is read off the last line
+                if counting and len(listed) > 1:  # numbered, so the count is read off the last line
                     listed = [f"{i}. {line}" for i, line in enumerate(listed, 1)]
                 flat = " / ".join(listed)
                 lines.append(f"- {tool} {arguments} -> {flat[:FACT_CHARS]}{'...' if len(flat) > FACT_CHARS else ''}")
