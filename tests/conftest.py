@@ -20,9 +20,11 @@ sys.path.insert(0, str(REPO))
 
 from shared import catalog  # noqa: E402
 from shared.config import Config, magnitude_home, parse_config  # noqa: E402
-from shared.process import share_cores_with_openmp  # noqa: E402
+from shared.cores import UNLEASED_SPIN_COUNT, share_cores_with_openmp  # noqa: E402
 
-share_cores_with_openmp()  # tests run llama.cpp in-process beside the services they start
+# Tests run llama.cpp in-process (without the services' core lease) beside the services they start, which
+# inherit this: a short spin, so that two computations at once share the cores instead of starving.
+share_cores_with_openmp(UNLEASED_SPIN_COUNT)
 
 #: Inputs tried per fuzz target, printed in the test summary.
 FUZZ_COUNTS: dict[str, int] = {}

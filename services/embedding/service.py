@@ -13,6 +13,7 @@ import numpy as np
 
 from shared.codecs import vectors_to_body
 from shared.config import Config
+from shared.cores import stack_lease
 from shared.protocol import MAX_MEMORY_TEXT_CHARS, ErrorCode, ProtocolError, Request
 from shared.service import Emitter, Service
 
@@ -32,6 +33,7 @@ class Embedder:
                                    n_threads=threads, n_threads_batch=threads, verbose=False)
         self.batch_size = mem.embedding_batch_size
         self.dim = self.llm.n_embd()
+        self.core_lease = stack_lease(config)  # one llama.cpp computation at a time, with inference
 
     def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
         """L2-normalised vectors, and the tokens they were computed from (after truncation)."""
@@ -39,7 +41,8 @@ class Embedder:
         tokens = 0
         for start in range(0, len(texts), self.batch_size):
             chunk = texts[start:start + self.batch_size]
-            vectors, count = self.llm.embed(chunk, truncate=True, return_count=True)
+            with self.core_lease:
+                vectors, count = self.llm.embed(chunk, truncate=True, return_count=True)
             out[start:start + len(chunk)] = np.asarray(vectors, dtype=np.float32)
             tokens += count
         norms = np.linalg.norm(out, axis=1, keepdims=True)
@@ -47,6 +50,7 @@ class Embedder:
 
     def close(self) -> None:
         self.llm.close()
+        self.core_lease.close()
 
 
 class EmbeddingService(Service):

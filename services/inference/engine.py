@@ -12,6 +12,7 @@ of rows (``decode``), moves a sequence's KV in and out, tokenizes, and knows its
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -67,9 +68,12 @@ Row = tuple[int, int, list[int], int]
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig, sessions_dir: Path | None = None):
-        """``sessions_dir``: where sessions are saved on drain (None: not saved, e.g. a draft model)."""
+    def __init__(self, cfg: EngineConfig, sessions_dir: Path | None = None,
+                 core_lease: contextlib.AbstractContextManager | None = None):
+        """``sessions_dir``: where sessions are saved on drain (None: not saved, e.g. a draft model).
+        ``core_lease``: held around every ``llama_decode`` (``shared.cores``; None: nothing to share with)."""
         init_backend()
+        self.core_lease = core_lease or contextlib.nullcontext()
         path = cfg.resolved_model_path()
         if not path.is_file():
             raise FileNotFoundError(f"model file {path} not found (run scripts/setup, or set engine.model_path)")
@@ -85,7 +89,7 @@ class Engine:
         self._batch = None
         self._open_context()
         self.draft_acceptance = MatchAcceptance()  # measured by the scheduler, where sessions' estimates start
-        self.drafter = (DraftModel(Engine(self._draft_config(cfg)), self.n_vocab)
+        self.drafter = (DraftModel(Engine(self._draft_config(cfg), core_lease=self.core_lease), self.n_vocab)
                         if cfg.draft_model_path else None)
 
     @staticmethod
@@ -243,7 +247,8 @@ class Engine:
                 batch.logits[n] = i >= first_logit
                 n += 1
         batch.n_tokens = n
-        rc = llama_cpp.llama_decode(self.ctx.ctx, batch)
+        with self.core_lease:
+            rc = llama_cpp.llama_decode(self.ctx.ctx, batch)
         if rc != 0:
             raise ProtocolError(ErrorCode.INTERNAL, f"llama_decode failed (rc={rc}; KV cache full?)")
         return firsts

@@ -21,6 +21,7 @@ from __future__ import annotations
 import zmq
 
 from shared.config import Config
+from shared.cores import stack_lease
 from shared.protocol import Request
 from shared.service import Job, Service
 from services.inference.control import EngineControl, owner
@@ -43,7 +44,8 @@ class InferenceService(Service):
     def __init__(self, config: Config, endpoint: str | None = None):
         super().__init__(config, endpoint)
         sessions_dir = config.runtime.resolved_data_dir() / "sessions"
-        self.models = ModelPool(config.engine, lambda cfg: Engine(cfg, sessions_dir))
+        self.core_lease = stack_lease(config)  # one llama.cpp computation at a time, with the embedding service
+        self.models = ModelPool(config.engine, lambda cfg: Engine(cfg, sessions_dir, self.core_lease))
         self.scheduler = Scheduler(self.models, self.log)
         self.preparer = Preparer(config, self.models)
         self.preparer.warm_up()
@@ -74,6 +76,7 @@ class InferenceService(Service):
         else:
             self.log.info("sessions_saved", sessions=self.scheduler.persist())
         self.models.close()
+        self.core_lease.close()
 
     # --- the threads -----------------------------------------------------------------------
     def worker_loops(self):
