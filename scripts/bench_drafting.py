@@ -80,7 +80,8 @@ PROMPTS = {
         + "\n" for r in ROOMS[:3]) + "Write the same calls for the rooms " + ", ".join(ROOMS[3:]) + " and then "
         "the three first ones again, one JSON object per line, nothing else."), 300),
 }
-TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+#: A tool call as the model writes it: in Qwen's <tool_call> tags or, as the 1.5B mostly does, in a ```json block.
+TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>|```(?:json)?\s*(\{.*?\})\s*```", re.S)
 
 
 def run_prompt(backend, name: str, rep: int) -> tuple[list[Sample], str]:
@@ -100,7 +101,7 @@ def run_traces(backend, rep: int, max_steps: int = 4) -> tuple[list[Sample], str
             samples.append(sample)
             replies.append(sample.text)
             messages.append({"role": "assistant", "content": sample.text})
-            calls = TOOL_CALL.findall(sample.text)
+            calls = [tagged or fenced for tagged, fenced in TOOL_CALL.findall(sample.text)]
             if not calls:
                 break
             for raw in calls:
