@@ -11,16 +11,19 @@ every graph node (hundreds per token). How a thread waits there decides the spee
 So the services spin long enough for the barriers inside a decode, and never compute at the same time: each
 llama.cpp computation (a ``llama_decode`` of inference, an embedding batch) holds the ``CoreLease``, a file
 lock in the stack's run directory (shared by every container of the compose stack). Measured here with
-the 1.5B chat model on 2 cores (tok/s; docs/benchmarks.md#sharing-the-cores):
+the 1.5B chat model on 2 cores, decode tok/s (``scripts/bench_core_sharing.py``, docs/benchmarks.md):
 
-======================================  =====  ===========================  ======================
-wait policy                             alone  with an embedding loop       two decoding processes
-======================================  =====  ===========================  ======================
-libgomp default, no lease               16.9   -                            0.8 (Gemma 270M)
-PASSIVE + 1000 spins, no lease          15.2   8.5 (embedding 28/s)         8.4 + 8.3
-PASSIVE + 30000 spins, no lease         16.9   6.3 (embedding 27/s)         2.5 + 2.5
-PASSIVE + 30000 spins, lease (shipped)  16.9   11.4 (embedding 19/s)        7.9 + 7.7
-======================================  =====  ===========================  ======================
+=======================================  =====  ===============================  ======================
+wait policy                              alone  beside an embedding process      two decoding processes
+=======================================  =====  ===============================  ======================
+PASSIVE + 1000 spins, no lease           15.3   8.4 (embedding 19 batches/s)     8.3 + 8.4
+PASSIVE + 30000 spins, no lease          16.6   2.5 (embedding 6 batches/s)      2.9 + 2.9
+PASSIVE + 30000 spins, lease (shipped)   16.8   9.3 (embedding 15 batches/s)     7.6 + 7.4
+=======================================  =====  ===============================  ======================
+
+(libgomp's default spin, about 10x longer, ran two Gemma 270M processes at 0.8 tok/s each.) The last column
+is what taking turns costs where two computations could overlap; the stack itself runs one decoding process,
+which puts every session in one batch.
 """
 
 from __future__ import annotations

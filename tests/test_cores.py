@@ -7,7 +7,10 @@ import sys
 import threading
 import time
 
-from shared.cores import CoreLease
+import pytest
+
+from shared.cores import CoreLease, stack_lease
+from tests.conftest import MODEL_PATH, REPO, make_config, require_model
 
 HOLD = """
 import sys, time
@@ -21,26 +24,33 @@ time.sleep(60)
 """
 
 
-def _holder(tmp_path, repo):
-    proc = subprocess.Popen([sys.executable, "-c", HOLD.format(repo=repo, path=str(tmp_path / "cores.lock"))],
+def _holder(lock_path):
+    """Another process (the other service) that holds the lease until killed."""
+    proc = subprocess.Popen([sys.executable, "-c", HOLD.format(repo=str(REPO), path=str(lock_path))],
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
 
 
-def _acquire_in_thread(lease: CoreLease) -> threading.Event:
-    got = threading.Event()
+def _in_thread(work) -> threading.Event:
+    done = threading.Event()
 
+    def run():
+        work()
+        done.set()
+    threading.Thread(target=run, daemon=True).start()
+    return done
+
+
+def _acquire_in_thread(lease: CoreLease) -> threading.Event:
     def take():
         with lease:
-            got.set()
-    threading.Thread(target=take, daemon=True).start()
-    return got
+            pass
+    return _in_thread(take)
 
 
 def test_a_second_process_waits_and_a_dead_holder_frees_the_lease(tmp_path):
-    from tests.conftest import REPO
-    holder = _holder(tmp_path, str(REPO))
+    holder = _holder(tmp_path / "cores.lock")
     lease = CoreLease(tmp_path / "cores.lock")
     try:
         got = _acquire_in_thread(lease)
@@ -62,4 +72,30 @@ def test_threads_of_one_process_take_turns(tmp_path):
             assert not got.is_set(), "two threads of one process held the lease at once"
         assert got.wait(5)
     finally:
+        lease.close()
+
+
+@pytest.mark.model
+def test_inference_and_embedding_compute_only_with_the_lease(run_home):
+    """While another process holds the stack's lease, neither a decode nor an embedding batch runs."""
+    from services.embedding.service import Embedder
+    from services.inference.engine import Engine
+    require_model(MODEL_PATH)
+    config = make_config(run_home, session_slots=1)
+    lease = stack_lease(config)
+    engine = Engine(config.engine, core_lease=lease)
+    embedder = Embedder(config)
+    holder = _holder(lease.path)
+    try:
+        decoded = _in_thread(engine.warm_up)
+        embedded = _in_thread(lambda: embedder.embed(["the spare keys are in the blue bowl"]))
+        time.sleep(1.0)
+        assert not decoded.is_set() and not embedded.is_set(), "computed while another process held the lease"
+        holder.kill()
+        holder.wait()
+        assert decoded.wait(60) and embedded.wait(60), "the lease was not released with its holder"
+    finally:
+        holder.kill()
+        embedder.close()
+        engine.close()
         lease.close()
