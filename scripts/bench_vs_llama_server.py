@@ -194,22 +194,28 @@ class ServerBackend:
             [self.binary, "-m", str(self.model), "--host", "127.0.0.1", "--port", str(self.port),
              "-t", str(self.threads), "-tb", str(self.threads), "-np", str(slots), "-c", str(self.n_ctx * slots),
              "--no-webui", *self.extra], stdout=log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_healthy(log.name)
+        except BaseException:  # SIGTERM (SystemExit) or no health while it loads: stop it, callers never will
+            self.stop()
+            raise
+        self.pid = self.proc.pid
+
+    def _wait_healthy(self, log_name: str) -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                sys.exit(f"llama-server exited with {self.proc.returncode}; see {log.name}")
+                sys.exit(f"llama-server exited with {self.proc.returncode}; see {log_name}")
             try:
                 conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
                 conn.request("GET", "/health")
                 if conn.getresponse().status == 200:
                     conn.close()
-                    break
+                    return
             except OSError:
                 pass
             time.sleep(0.2)
-        else:
-            sys.exit("llama-server did not become healthy in 120 s")
-        self.pid = self.proc.pid
+        sys.exit("llama-server did not become healthy in 120 s")
 
     def complete(self, agent: int, prompt: str, max_tokens: int, session: str | None = None) -> Sample:
         """``session`` is Magnitude's business: here the agent's slot keeps its cache."""
