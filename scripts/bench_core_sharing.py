@@ -55,7 +55,7 @@ def work(kind: str, model: str, tokens: int, threads: int, lease_path: str | Non
                               verbose=False)
         stopped = []
         signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
-        while not go.exists():
+        while not go.exists() and not stopped:
             time.sleep(0.01)
         start, batches = time.perf_counter(), 0
         while not stopped:
@@ -119,8 +119,10 @@ def main() -> int:
             print(f"{name}: beside an embedding process", file=sys.stderr, flush=True)
             go.unlink()
             embedder = spawn("embed", args.embedding_model, 0, args.threads, spin, lease, go)
-            beside = rate(spawn("decode", args.model, args.tokens // 2, args.threads, spin, lease, go))
-            embedder.terminate()
+            try:
+                beside = rate(spawn("decode", args.model, args.tokens // 2, args.threads, spin, lease, go))
+            finally:  # also when the decoder failed: the embedder embeds until told to stop
+                embedder.terminate()
             embeds = rate(embedder)
             print(f"{name}: two decoding processes", file=sys.stderr, flush=True)
             pair = [spawn("decode", args.model, args.tokens // 2, args.threads, spin, lease, go) for _ in range(2)]

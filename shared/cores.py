@@ -36,7 +36,7 @@ from pathlib import Path
 from shared.config import Config
 from shared.security import private_dir
 
-#: Spins before an OpenMP thread sleeps: covers a decode's barriers (about 0.3 ms), safe under the lease.
+#: Spins before an OpenMP thread sleeps: enough for a decode's barriers (libgomp: roughly 0.3 ms), safe under the lease.
 LEASED_SPIN_COUNT = "30000"
 #: For llama.cpp that computes without the lease (the test suite's in-process models): sleep soon.
 UNLEASED_SPIN_COUNT = "1000"
@@ -55,18 +55,27 @@ class CoreLease:
     """Held around each llama.cpp computation, so that two processes never compute on the cores at once.
 
     A ``flock`` on one file of the run directory: the kernel releases it when its holder dies, so a crashed
-    service never leaves it taken. A thread lock in front makes it exclusive between this process's threads
-    too (``flock`` is per open file, not per thread)."""
+    service never leaves it taken. Alone, a lock lets a process that computes in a tight loop take it back
+    before a woken waiter runs (an embedding ingest starved the decode to 3 tok/s in some runs), so the
+    lease is handed over in turns: a process waits for it while holding a second lock, the queue, which a
+    holder must take before it may wait again. A thread lock in front makes it exclusive between this
+    process's threads too (``flock`` is per open file, not per thread)."""
 
     def __init__(self, path: Path):
         self.path = path
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+        self._fd = os.open(path, flags, 0o600)
+        self._queue_fd = os.open(path.with_name(path.name + ".queue"), flags, 0o600)
         self._threads = threading.Lock()
 
     def __enter__(self) -> CoreLease:
         self._threads.acquire()
         try:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            fcntl.flock(self._queue_fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX)
+            finally:
+                fcntl.flock(self._queue_fd, fcntl.LOCK_UN)
         except BaseException:
             self._threads.release()
             raise
@@ -78,6 +87,7 @@ class CoreLease:
 
     def close(self) -> None:
         os.close(self._fd)
+        os.close(self._queue_fd)
 
 
 def stack_lease(config: Config) -> CoreLease:
