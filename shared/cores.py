@@ -16,9 +16,9 @@ the 1.5B chat model on 2 cores, decode tok/s (``scripts/bench_core_sharing.py``,
 =======================================  =====  ===============================  ======================
 wait policy                              alone  beside an embedding process      two decoding processes
 =======================================  =====  ===============================  ======================
-PASSIVE + 1000 spins, no lease           15.3   8.4 (embedding 19 batches/s)     8.3 + 8.4
-PASSIVE + 30000 spins, no lease          16.6   2.5 (embedding 6 batches/s)      2.9 + 2.9
-PASSIVE + 30000 spins, lease (shipped)   16.8   9.3 (embedding 15 batches/s)     7.6 + 7.4
+PASSIVE + 1000 spins, no lease           15.4   8.4 (embedding 20 batches/s)     8.7 + 8.3
+PASSIVE + 30000 spins, no lease          16.2   2.5 (embedding 5 batches/s)      2.4 + 2.4
+PASSIVE + 30000 spins, lease (shipped)   16.1   11.2 (embedding 11 batches/s)    7.3 + 7.2
 =======================================  =====  ===============================  ======================
 
 (libgomp's default spin, about 10x longer, ran two Gemma 270M processes at 0.8 tok/s each.) The last column
