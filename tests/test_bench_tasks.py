@@ -44,3 +44,13 @@ def test_the_check_reads_numbers_as_numbers_and_phrases_as_words():
     assert bench_agent.correct("The phone number is 555-0178.", ("555-0178",))
     assert not bench_agent.correct("Call 555-01789.", ("555-0178",))
     assert bench_agent.correct("Eleven things.", ("11|eleven",))
+
+
+def test_no_question_of_any_set_passes_its_own_check_in_its_language():
+    for name in bench_agent.available_sets():
+        tasks, files, _ = bench_agent.load_set(name)
+        assert tasks, name
+        for task in tasks:
+            assert not bench_agent.correct(task.goal, task.expected, task.language), (name, task.goal)
+        for task in (t for t in tasks if t.kind == "file"):
+            assert any(path in task.goal for path in {**bench_agent.FILES, **files}), (name, task.goal)
