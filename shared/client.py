@@ -31,8 +31,9 @@ import asyncio
 import time
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from difflib import get_close_matches
 from pathlib import Path
-from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
+from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator
 
 import msgpack
 import zmq
@@ -41,7 +42,7 @@ from zmq.utils.monitor import parse_monitor_message
 
 from shared import security, shm
 from shared.config import Config, ipc_path, load_config
-from shared.protocol import ErrorCode, Reply, decode_reply, encode_request, new_request_id
+from shared.protocol import MESSAGES, ErrorCode, Reply, decode_reply, encode_request, new_request_id
 
 
 class ServiceError(Exception):
@@ -230,9 +231,22 @@ def _generate_piece(item: Reply | Restart) -> str | GenerateResult | Restart:
     return GenerateResult.from_body(item.body) if item.final else item.body.get("text", "")
 
 
-def _body(params: dict[str, Any], field: str, value: Any, encoded: bytes, session: str | None) -> dict[str, Any]:
+def _declared(msg_type: str, params: dict[str, Any]) -> None:
+    """A keyword that ``msg_type`` does not declare in ``MESSAGES`` (``max_token=5``) is a TypeError at the call,
+    as Python's own for a misspelt argument: the service would not read it."""
+    fields = MESSAGES[msg_type].fields
+    for name in params:
+        if name not in fields:
+            close = get_close_matches(name, fields, n=1)
+            raise TypeError(f"{msg_type}() got an unexpected keyword argument {name!r}"
+                            + (f"; did you mean {close[0]!r}?" if close else ""))
+
+
+def _body(msg_type: str, params: dict[str, Any], field: str, value: Any, encoded: bytes,
+          session: str | None) -> dict[str, Any]:
     """A request body: the parameters not None, and ``field``'s value inline, or ``encoded`` in shared memory
     as ``<field>_shm`` when it is over the inline limit."""
+    _declared(msg_type, params)
     body = {k: v for k, v in params.items() if v is not None}
     if len(encoded) > shm.INLINE_LIMIT_BYTES:
         body[f"{field}_shm"] = shm.put_bytes(encoded, session=session)
@@ -242,7 +256,7 @@ def _body(params: dict[str, Any], field: str, value: Any, encoded: bytes, sessio
 
 
 def _generate_body(prompt: str, session: str | None, stream: bool, params: dict[str, Any]) -> dict[str, Any]:
-    return _body({**params, "stream": stream}, "prompt", prompt, prompt.encode(), session)
+    return _body("generate", {**params, "stream": stream}, "prompt", prompt, prompt.encode(), session)
 
 
 @dataclass
@@ -278,7 +292,7 @@ def _chat_piece(item: Reply | Restart) -> str | dict | ChatResult | Restart:
 def chat_body(messages: list[dict], session: str | None, **params: Any) -> dict[str, Any]:
     """A ``chat`` request body (parameters given as None are left out); messages over the inline limit travel in
     shared memory (``messages_shm``), as a long ``generate`` prompt does."""
-    return _body(params, "messages", messages, msgpack.packb(messages, use_bin_type=True), session)
+    return _body("chat", params, "messages", messages, msgpack.packb(messages, use_bin_type=True), session)
 
 
 def _final_body(item: Reply | Restart) -> dict | None:
@@ -311,7 +325,7 @@ class AsyncClient:
               retry: Retry | None) -> Call:
         return Call(self.endpoint, msg_type, body, session, request_id, self.timeout_s, retry)
 
-    def _socket(self) -> zmq.Socket:
+    def _socket(self) -> zmq.asyncio.Socket:
         if self._sock is None:
             self._sock = self._ctx.socket(zmq.DEALER)
             self._monitor = self._sock.get_monitor_socket(_WATCHED_EVENTS)
@@ -384,7 +398,7 @@ class AsyncClient:
 
     async def stream(self, msg_type: str, body: dict | None = None, session: str | None = None,
                      request_id: str | None = None, retry: Retry | None = None
-                     ) -> AsyncIterator[Reply | Restart]:
+                     ) -> AsyncGenerator[Reply | Restart, None]:
         """Yield every reply frame (events, then the final one) of one request.
 
         With ``retry``, a transient failure re-sends the request with the same id after a backoff,
@@ -425,7 +439,7 @@ class AsyncClient:
         return GenerateResult.from_body(body)
 
     async def generate_stream(self, prompt: str, session_id: str | None = None, *, retry: Retry | None = None,
-                              **params: Any) -> AsyncIterator[str | GenerateResult | Restart]:
+                              **params: Any) -> AsyncGenerator[str | GenerateResult | Restart, None]:
         """Yield text pieces as they are produced, then one ``GenerateResult`` with the stats.
 
         With ``retry``, a ``Restart`` means the generation starts over: drop the text so far.
@@ -443,7 +457,7 @@ class AsyncClient:
         return ChatResult.from_body(body)
 
     async def chat_stream(self, messages: list[dict], session_id: str | None = None, *, retry: Retry | None = None,
-                          **params: Any) -> AsyncIterator[str | dict | ChatResult | Restart]:
+                          **params: Any) -> AsyncGenerator[str | dict | ChatResult | Restart, None]:
         """Yield content pieces (str) and each tool call once complete (dict: index, id, name, arguments), then one
         ``ChatResult``. With ``retry``, a ``Restart`` means the turn starts over: drop what came so far."""
         async for item in self.stream("chat", chat_body(messages, session_id, **params, stream=True), session_id,
@@ -517,7 +531,7 @@ class Client:
             self._loop = asyncio.new_event_loop()
         return self._loop.run_until_complete(awaitable)
 
-    def _iterate(self, items: AsyncIterator[Any]) -> Iterator[Any]:
+    def _iterate(self, items: AsyncGenerator[Any, None]) -> Iterator[Any]:
         """An async iterator, item by item; closing this generator closes it (a stream's cancel)."""
         try:
             while True:

@@ -41,3 +41,12 @@ def test_async_timeout():
     with pytest.raises(ServiceError) as info:
         asyncio.run(run())
     assert info.value.code == "timeout"
+
+
+def test_a_misspelt_keyword_is_a_type_error_at_the_call_naming_it(tmp_path):
+    """``max_token=5`` would reach the service unread; it is refused before anything is sent, naming the field."""
+    with Client(f"ipc://{tmp_path}/none.sock", timeout_s=0.5) as client:
+        with pytest.raises(TypeError, match=r"'max_token'.*did you mean 'max_tokens'"):
+            client.chat([{"role": "user", "content": "hi"}], max_token=5)
+        with pytest.raises(TypeError, match="'max_token'"):
+            client.generate("hi", max_token=5)

@@ -23,7 +23,7 @@ from typing import Any, Callable
 import llama_cpp
 from llama_cpp import _internals
 
-from services.inference.chat_template import ChatTemplate, Segment, TemplateError
+from services.inference.chat_template import ChatTemplate, Segment
 from services.inference.constraint import Constraint, Vocabulary, check_schema
 from services.inference.tool_calls import (OPEN, Tool, ToolCall, answer_or_calls_grammar, scan, tagged_grammar,
                                            tool_table, triggers)
@@ -253,7 +253,7 @@ class ChatTurn:
 
     def reply(self, result: dict) -> dict:
         """The ok body: the assistant message, finish_reason, and the generation's stats."""
-        text = self._text = result["text"]
+        self._text = result["text"]
         calls = self._flush(final=True)
         while len(self._ids) < len(calls):
             self._ids.append(f"call_{secrets.token_hex(12)}")
