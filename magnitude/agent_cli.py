@@ -8,6 +8,7 @@ import sys
 from magnitude.agent import Agent, Trace, submit_feedback
 from shared import catalog
 from shared.client import Client, ServiceError
+from shared.config import FINAL_ANSWER
 
 
 def print_trace(trace: Trace) -> None:
@@ -46,7 +47,7 @@ def cmd_run(args, config) -> int:
         print(json.dumps(trace.to_dict(), indent=2))
     else:
         print_trace(trace)
-    return 0 if trace.stopped == "final_answer" else 1
+    return 0 if trace.stopped == FINAL_ANSWER else 1
 
 
 def cmd_tools(args, config) -> int:

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from magnitude.agent import Agent, AsyncAgent, submit_feedback
-from services.agent.loop import _SUMMARY_PROMPT, Request, _mentions, _Run
+from services.agent.loop import _SUMMARY_PROMPT, Request, _mentions, Run
 from shared.client import AsyncClient, Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import REPO, ServiceProcess, make_config, write_config
@@ -26,7 +26,7 @@ def call(name: str, arguments: str, call_id: str = "c1") -> dict:
 
 
 class Scripted:
-    """Plays the services for ``_Run``: the chat replies come from a script; records every request."""
+    """Plays the services for ``Run``: the chat replies come from a script; records every request."""
 
     def __init__(self, replies: list[dict], advice: bool | None = None):
         self.replies, self.advice, self.requests = list(replies), advice, []
@@ -56,7 +56,7 @@ class Scripted:
         return {"message": self.replies.pop(0), "prompt_tokens": 300, "prefill_tokens": 100, "cached_tokens": 200}
 
 
-def drive(run: _Run, services: Scripted):
+def drive(run: Run, services: Scripted):
     while run.pending is not None:
         run.advance(services(run.pending))
     return run.trace
@@ -65,7 +65,7 @@ def drive(run: _Run, services: Scripted):
 def test_loop_calls_the_tool_feeds_the_result_back_and_answers():
     services = Scripted([{"role": "assistant", "content": None, "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]},
                          {"role": "assistant", "content": "23 * 47 = 1081."}])
-    trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", None), services)
+    trace = drive(Run(parse_config({}), "What is 23 * 47?", "s1", None), services)
     assert trace.stopped == "final_answer" and trace.answer == "23 * 47 = 1081."
     assert trace.memories == ["Numbers in this house are written in base 10."]  # recalled above the score floor
     first, second = [r.body for r in services.requests if r.type == "chat"]
@@ -83,7 +83,7 @@ def test_bad_arguments_go_back_to_the_model_as_a_tool_error():
     services = Scripted([{"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expr": 1')]},
                          {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expr": "23*47"}')]},
                          {"role": "assistant", "content": "I could not compute it."}])
-    trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", None), services)
+    trace = drive(Run(parse_config({}), "What is 23 * 47?", "s1", None), services)
     first, second = (s.calls[0] for s in trace.steps[:2])
     assert not first.valid and "not valid JSON" in first.error
     assert not second.valid and second.error.startswith("bad_request")
@@ -95,7 +95,7 @@ def test_a_repeated_call_gets_its_result_again_once_then_the_next_step_must_answ
     first = {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]}
     again = {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression":"23 * 47"}', "c2")]}
     services = Scripted([first, again, again, {"role": "assistant", "content": "1081"}])
-    trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
+    trace = drive(Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
     assert [s.repeated for s in trace.steps] == [False, True, True, False] and trace.answer == "1081"
     assert sum(r.type == "tool.call" for r in services.requests) == 1  # the repeats were not run
     chats = [r for r in services.requests if r.type == "chat"]
@@ -113,7 +113,7 @@ def test_a_repeat_after_progress_keeps_the_progress_and_must_answer():
     first = {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]}
     other = {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "1081 + 1"}', "c3")]}
     services = Scripted([first, first, other, other, {"role": "assistant", "content": "1082"}])
-    trace = drive(_Run(parse_config({}), "What is 23 * 47 + 1?", "s1", 6), services)
+    trace = drive(Run(parse_config({}), "What is 23 * 47 + 1?", "s1", 6), services)
     assert [s.repeated for s in trace.steps] == [False, True, False, True, False] and trace.answer == "1082"
     chats = [r.body for r in services.requests if r.type == "chat"]
     assert [c["tool_choice"] for c in chats[:4]] == ["auto"] * 4
@@ -125,7 +125,7 @@ def test_a_calculation_on_its_own_result_or_an_empty_reply_ends_in_an_answer_fro
     again = {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "1081 * 47"}', "c2")]}
     for replies in ([first, again, answer("It is 1081.")], [first, answer(""), answer("It is 1081.")]):
         services = Scripted(replies)
-        trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
+        trace = drive(Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
         assert trace.answer == "It is 1081." and len(trace.steps) == 3
         assert sum(r.type == "tool.call" for r in services.requests) == 1  # 1081 * 47 was not run
         assert "tools" not in [r.body for r in services.requests if r.type == "chat"][-1]
@@ -135,7 +135,7 @@ def test_a_call_written_as_prose_is_asked_for_again_with_the_tool_named_once():
     prose = {"role": "assistant", "content": '{{"name": "calculator", "arguments": {"expression": "23 * 47"}}}'}
     services = Scripted([prose, {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]},
                          {"role": "assistant", "content": "The calculator says 1081."}])
-    trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
+    trace = drive(Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
     assert [s.intended for s in trace.steps] == ["calculator", None, None]
     assert trace.answer == "The calculator says 1081."  # named once per run: this answer is not re-asked
     chats = [r.body for r in services.requests if r.type == "chat"]
@@ -187,7 +187,7 @@ def test_each_step_restates_what_the_tools_gave_and_the_file_still_to_read():
     services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "todo.txt"}')]},
                           {"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "notes/bike.txt"}', "c2")]},
                           answer("The code is 3817.")], files)
-    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    trace = drive(Run(parse_config({}), goal, "s1", 6), services)
     assert trace.answer == "The code is 3817." and not any(s.rejected for s in trace.steps)
     second, third = [r.body["messages"][-1]["content"] for r in services.requests if r.type == "chat"][1:]
     assert second.startswith(f"Task: {goal}\nFound so far:\n"
@@ -203,7 +203,7 @@ def test_an_answer_that_only_points_to_an_unread_file_is_sent_back_to_the_reader
                           answer("The bike lock code is kept in notes/bike.txt."),
                           {"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "notes/bike.txt"}', "c2")]},
                           answer("The code is 3817.")], files)
-    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    trace = drive(Run(parse_config({}), goal, "s1", 6), services)
     assert trace.answer == "The code is 3817." and trace.stopped == "final_answer"
     assert [s.rejected for s in trace.steps] == [None, "notes/bike.txt has not been read yet", None, None]
     chats = [r.body for r in services.requests if r.type == "chat"]
@@ -218,13 +218,13 @@ def test_a_number_no_tool_gave_is_sent_back_at_most_answer_checks_times():
     services = Scripted([answer("It is 1000."), answer("It is 1001."),
                          {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]},
                          answer("It is 1081.")])
-    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    trace = drive(Run(parse_config({}), goal, "s1", 6), services)
     assert trace.answer == "It is 1081." and [bool(s.rejected) for s in trace.steps] == [True, True, False, False]
     assert trace.steps[0].rejected == "1000 was not read or computed with a tool; compute with a tool"
     assert [r.body["tool_choice"] for r in services.requests if r.type == "chat"] == ["auto"] * 4
     # with the checks spent, a made-up number stands: the run ends with an answer, not in a loop
     services = Scripted([answer("It is 1000."), answer("It is 1001.")])
-    trace = drive(_Run(parse_config({"agent": {"answer_checks": 1}}), goal, "s1", 6), services)
+    trace = drive(Run(parse_config({"agent": {"answer_checks": 1}}), goal, "s1", 6), services)
     assert trace.answer == "It is 1001." and trace.stopped == "final_answer"
 
 
@@ -233,7 +233,7 @@ def test_a_list_to_count_is_counted_from_the_numbered_note_once_read():
     services = WithFiles([{"role": "assistant", "content": "",
                            "tool_calls": [call("file_reader", '{"path": "packing.txt"}')]},
                           answer("There are 3 things on the list.")], {"packing.txt": "passports\ntickets\ntowels\n"})
-    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    trace = drive(Run(parse_config({}), goal, "s1", 6), services)
     assert trace.answer == "There are 3 things on the list." and len(trace.steps) == 2
     counted = [r for r in services.requests if r.type == "chat"][-1]  # no tools: no Python for the calculator
     assert counted.session is None and "tools" not in counted.body
@@ -244,7 +244,7 @@ def test_a_goal_that_names_a_file_reads_it_first():
     goal = "According to plan.txt, what is the robot's task on Tuesday?"
     services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "plan.txt"}')]},
                           answer("It waters the ferns.")], {"plan.txt": "Tuesday: water the ferns\n"})
-    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    trace = drive(Run(parse_config({}), goal, "s1", 6), services)
     assert trace.answer == "It waters the ferns."
     assert [r.body["tool_choice"] for r in services.requests if r.type == "chat"] == [
         {"type": "function", "function": {"name": "file_reader"}}, "auto"]  # once read, the model picks again
@@ -256,7 +256,7 @@ def test_an_answer_that_only_restates_what_was_read_is_sent_back_to_the_calculat
                           answer("The rug is 23 wide and 47 high."),
                           {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}', "c2")]},
                           answer("The area is 1081.")], {"sizes.txt": "width: 23\nheight: 47\n"})
-    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    trace = drive(Run(parse_config({}), goal, "s1", 6), services)
     assert trace.answer == "The area is 1081." and trace.steps[1].rejected == (
         "it only repeats what was found, and the task asks for a result computed from it; compute it with calculator")
     chats = [r.body for r in services.requests if r.type == "chat"]
@@ -271,7 +271,7 @@ def test_a_plan_in_prose_sent_back_is_asked_again_with_the_tool_it_names():
                           {"role": "assistant", "content": "",
                            "tool_calls": [call("file_reader", '{"path": "menus/week49.txt"}', "c2")]},
                           answer("Lasagne.")], files)
-    trace = drive(_Run(parse_config({}), goal, "s1", 6), services)
+    trace = drive(Run(parse_config({}), goal, "s1", 6), services)
     assert trace.answer == "Lasagne." and trace.steps[1].rejected == "1, 2 were not read or computed with a tool; " \
                                                                      "compute with a tool"
     chats = [r.body for r in services.requests if r.type == "chat"]
@@ -283,14 +283,14 @@ def test_a_call_written_as_the_reply_text_is_made():
                  '<tool_response>\n{"name": "calculator", "arguments": {"expression": "23 * 47"}}\n</tool_response>',
                  'To multiply, use the calculator.\n{"name": "calculator", "arguments": {"expression": "23 * 47"}}'):
         services = Scripted([answer(text), answer("It is 1081.")])
-        trace = drive(_Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
+        trace = drive(Run(parse_config({}), "What is 23 * 47?", "s1", 6), services)
         assert trace.answer == "It is 1081." and [c.output for c in trace.steps[0].calls] == ["1081"]
         assert [r.body["args"] for r in services.requests if r.type == "tool.call"] == [{"expression": "23 * 47"}]
 
 
 def test_an_answer_with_no_number_to_back_and_no_file_named_stands_at_once():
     services = Scripted([answer("Paris.")])
-    trace = drive(_Run(parse_config({}), "What is the capital of France?", "s1", 6), services)
+    trace = drive(Run(parse_config({}), "What is the capital of France?", "s1", 6), services)
     assert trace.answer == "Paris." and len(trace.steps) == 1
 
 
@@ -299,14 +299,14 @@ def test_inference_failure_ends_the_run_with_an_error_and_max_iterations_bounds_
         def __call__(self, req):
             return ServiceError("unavailable", "gone") if req.type == "chat" else super().__call__(req)
 
-    trace = drive(_Run(parse_config({}), "goal", "s1", None), Down([]))
+    trace = drive(Run(parse_config({}), "goal", "s1", None), Down([]))
     assert trace.stopped == "error" and trace.error == "unavailable: gone"
     looping = Scripted([{"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]}] * 3)
-    trace = drive(_Run(parse_config({}), "goal", "s1", 3), looping)
+    trace = drive(Run(parse_config({}), "goal", "s1", 3), looping)
     assert len(trace.steps) == 3 and trace.answer is not None  # the last step answers from what was found
     assert "tools" not in [r.body for r in looping.requests if r.type == "chat"][-1]
     never_calls = Scripted([answer("Let me think.")])  # no tool ran: the last step is asked with "none"
-    trace = drive(_Run(parse_config({"agent": {"answer_checks": 0}}), "goal", "s1", 1), never_calls)
+    trace = drive(Run(parse_config({"agent": {"answer_checks": 0}}), "goal", "s1", 1), never_calls)
     assert trace.stopped == "final_answer" and [r.body["tool_choice"] for r in never_calls.requests
                                                 if r.type == "chat"] == ["none"]
 
@@ -315,7 +315,7 @@ def test_optimizer_advice_compresses_the_history():
     steps = [{"role": "assistant", "content": "x " * 400, "tool_calls": [call("calculator", f'{{"expression": "{n}"}}')]}
              for n in range(5)]
     services = Scripted(steps + [{"role": "assistant", "content": "I could not compute it."}], advice=True)
-    trace = drive(_Run(parse_config({}), "goal", "s1", 8), services)
+    trace = drive(Run(parse_config({}), "goal", "s1", 8), services)
     compressed = [s.index for s in trace.steps if s.compressed]
     assert compressed and all(b - a >= 3 for a, b in zip(compressed, compressed[1:]))  # not at every step
     assert any(r.type == "memory.upsert_many" for r in services.requests)  # the originals went to memory

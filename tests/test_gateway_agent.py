@@ -18,11 +18,11 @@ import httpx2 as httpx
 import pytest
 
 from magnitude.agent import Agent
-from services.gateway.keys import create_key
+from services.gateway.keys import create_key, read_local_key
 from shared import catalog
 from shared.client import Client
 from shared.config import parse_config
-from tests.conftest import ServiceProcess, make_config, require_model, wait_for, write_config
+from tests.conftest import REPORT, ServiceProcess, make_config, require_model, wait_for, write_config
 
 pytestmark = pytest.mark.model
 
@@ -61,21 +61,32 @@ def stack(tmp_path_factory):
         for gateway in gateways:
             with Client(gateway.endpoint, timeout_s=5) as c:
                 urls.append(c.health()["url"])
+        FIRST_START_KEYS[urls[0]] = read_local_key(config)  # the open gateway's: its first start made it
         yield {"config": config, "open": urls[0], "strict": urls[1], "keys": keys, "gateways": gateways}
     finally:
         for svc in gateways + services[::-1]:
             svc.stop()
 
 
+#: A gateway's URL -> the key its first start made (keys_dir/local.key), used when a call names no key.
+FIRST_START_KEYS: dict[str, str] = {}
+
+
+def auth(url: str, key: str | None = None) -> dict:
+    key = key or FIRST_START_KEYS.get(url)
+    return {"Authorization": f"Bearer {key}"} if key else {}
+
+
 def post(url: str, body: dict, key: str | None = None) -> httpx.Response:
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    headers = auth(url, key)
     return httpx.post(f"{url}/v1/responses", json=body, headers=headers, timeout=300)
 
 
 def events(url: str, body: dict) -> list[tuple[str, dict]]:
     """Every SSE event of a streamed run, as (event name, data)."""
     out, name = [], None
-    with httpx.stream("POST", f"{url}/v1/responses", json={**body, "stream": True}, timeout=300) as response:
+    with httpx.stream("POST", f"{url}/v1/responses", json={**body, "stream": True}, headers=auth(url),
+                      timeout=300) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
         for line in response.iter_lines():
@@ -131,7 +142,7 @@ def test_a_configured_tool_task_streams_each_step_and_matches_the_in_process_age
     assert [(c.name, c.arguments, c.output) for s in trace.steps for c in s.calls] == [
         (c["name"], c["arguments"], c["output"]) for c in calls]
     assert trace.answer == answer(final)
-    metrics = httpx.get(f"{stack['open']}/metrics").text
+    metrics = httpx.get(f"{stack['open']}/metrics", headers=auth(stack["open"])).text
     assert 'magnitude_http_requests_total{method="POST",route="/v1/responses",status="200"}' in metrics
 
 
@@ -162,14 +173,65 @@ def test_a_caller_tool_comes_back_as_a_function_call_and_the_run_resumes_on_its_
     assert again.status_code == 404 and again.json()["error"]["code"] == "response_not_found"
 
 
+def test_a_900k_character_tool_output_finishes_the_run(stack):
+    """Issue 34, finding 5: resuming a run with a 900k-character function_call_output made the agent send a 1.8 MB
+    memory write, which retrieval refused without its request id, and the HTTP request hung (280+ s). The output is
+    cut to agent.sandbox.max_output_bytes, as a configured tool's is, and the run finishes."""
+    url = stack["open"]
+    waiting = post(url, {"input": "How warm is it in the kitchen right now?", "tools": [THERMOMETER]}).json()
+    assert waiting["status"] == "requires_action", waiting
+    output = '{"celsius": 21.5, "log": "' + "sensor ok; " * 82_000 + '"}'
+    assert len(output) > 900_000
+    done = post(url, {"previous_response_id": waiting["id"], "input": [
+        {"type": "function_call_output", "call_id": waiting["output"][-1]["call_id"], "output": output}]})
+    assert done.status_code == 200, done.text
+    assert done.json()["status"] in ("completed", "incomplete"), done.json()
+
+
+def test_a_client_that_re_sends_the_whole_history_resumes_the_waiting_run(stack):
+    """The OpenAI Agents SDK runs statelessly: its next request is every item so far, no previous_response_id."""
+    url = stack["open"]
+    goal = {"role": "user", "content": "How warm is it in the kitchen right now?"}
+    waiting = post(url, {"input": [goal], "tools": [THERMOMETER]}).json()
+    assert waiting["status"] == "requires_action", waiting
+    call = waiting["output"][-1]
+    history = [goal, *({k: item[k] for k in ("type", "call_id", "name", "arguments")} for item in waiting["output"]
+                       if item["type"] == "function_call"),
+               {"type": "function_call_output", "call_id": call["call_id"], "output": '{"celsius": 21.5}'}]
+    done = post(url, {"input": history, "tools": [THERMOMETER]})
+    assert done.status_code == 200, done.text
+    final = done.json()
+    assert final["status"] == "completed" and final["previous_response_id"] == waiting["id"], final
+    assert "21.5" in answer(final), final
+    # That call was answered, so no run waits for it: the history is a conversation of its own, answered afresh
+    # from the output it holds (as a stateless server answers a re-sent history).
+    again = post(url, {"input": history, "tools": [THERMOMETER]})
+    assert again.status_code == 200, again.text
+    fresh = again.json()
+    assert fresh["status"] == "completed" and fresh["previous_response_id"] is None, fresh
+    assert "21.5" in answer(fresh), fresh
+
+
+def test_a_caller_tool_shadows_the_configured_tool_of_its_name(stack):
+    mine = {"type": "function", "name": "calculator", "description": "Evaluates an arithmetic expression.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
+                           "required": ["expression"]}}
+    reply = post(stack["open"], {"input": "What is 4738 * 2961? Use the calculator.", "tools": [mine]})
+    assert reply.status_code == 200, reply.text
+    waiting = reply.json()
+    assert waiting["status"] == "requires_action", waiting  # the caller's calculator, not the gateway's
+    assert waiting["output"][-1]["name"] == "calculator"
+    assert not [item for item in waiting["output"] if item["type"] == "tool_call"], waiting
+
+
 def test_bad_input_is_a_clear_4xx(stack):
     url = stack["open"]
     cases = [
         ({}, 400, "input"),
         ({"input": ""}, 400, "input"),
         ({"input": [{"type": "function_call_output", "call_id": "call_1", "output": "1"}]}, 400, "input"),
-        ({"input": "hi", "previous_response_id": "resp_none"}, 400, "input"),
-        ({"input": "hi", "tools": [dict(THERMOMETER, name="calculator")]}, 400, "tools"),
+        ({"input": "hi", "previous_response_id": "resp_none"}, 404, "previous_response_id"),
+        ({"input": [{"role": "assistant", "content": "hi"}, {"role": "user", "content": "again"}]}, 400, "input"),
         ({"input": "hi", "tools": [THERMOMETER, THERMOMETER]}, 400, "tools"),
         ({"input": "hi", "tools": [dict(THERMOMETER, name="bad name")]}, 400, "tools.0.name"),
         ({"input": [{"type": "function_call_output", "call_id": "call_1", "output": "1"}],
@@ -209,7 +271,8 @@ def test_a_waiting_run_is_its_callers_alone_and_expires(stack):
 def test_a_client_that_goes_away_cancels_the_run_and_its_generation(stack):
     before = cancelled(stack)
     body = {"input": "What is 4738 * 2961?", "stream": True}
-    with httpx.stream("POST", f"{stack['open']}/v1/responses", json=body, timeout=300) as response:
+    with httpx.stream("POST", f"{stack['open']}/v1/responses", json=body, headers=auth(stack["open"]),
+                      timeout=300) as response:
         lines = response.iter_lines()  # held: a dropped iterator closes the connection at once
         for line in lines:
             if line.startswith("data:") and json.loads(line[5:]).get("item", {}).get("type") == "tool_call":
@@ -217,3 +280,85 @@ def test_a_client_that_goes_away_cancels_the_run_and_its_generation(stack):
         wait_for(lambda: busy(stack)[0] == 1, 30, "the answering step generating")
     wait_for(lambda: cancelled(stack) == before + 1, 10, "the generation in flight cancelled")
     wait_for(lambda: busy(stack) == (0, 0), 10, "nothing left in flight")
+
+
+def openai_client(url: str):
+    import openai  # the official client, as frameworks drive the gateway
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=FIRST_START_KEYS.get(url) or "unused", max_retries=0)
+
+
+def test_the_official_client_gets_instructions_honoured_metadata_echoed_and_usage(stack):
+    client = openai_client(stack["open"])
+    ask = "What is the secret word? Reply with the word only."
+    told = client.responses.create(input=ask, instructions="The secret word is PINEAPPLE.", metadata={"ticket": "7"},
+                                   store=True, parallel_tool_calls=True, tool_choice="auto", include=[])
+    assert told.status == "completed" and "PINEAPPLE" in told.output_text.upper(), told
+    assert told.metadata == {"ticket": "7"}
+    assert told.usage.input_tokens > told.usage.input_tokens_details.cached_tokens >= 0 and told.usage.output_tokens > 0
+    untold = client.responses.create(input=ask)
+    assert "PINEAPPLE" not in untold.output_text.upper(), untold  # the word came from the instructions alone
+
+
+def test_a_field_the_gateway_cannot_honour_is_a_400_naming_it(stack):
+    import openai
+    client = openai_client(stack["open"])
+    cases = {"temperature": {"temperature": 0.2}, "max_output_tokens": {"max_output_tokens": 64},
+             "tool_choice": {"tool_choice": "required"},
+             "include": {"include": ["reasoning.encrypted_content"]}, "text": {"text": {"format": {"type": "text"}}},
+             "made_up": {"extra_body": {"made_up": 1}}}
+    for field, extra in cases.items():
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.responses.create(input="hi", **extra)
+        assert refused.value.param == field, (field, refused.value.body)
+
+
+def test_a_streamed_run_reports_every_steps_usage_on_its_last_event(stack):
+    client = openai_client(stack["open"])
+    kinds, usage = [], None
+    for event in client.responses.create(input="What is 12 * 7? Use the calculator.", stream=True):
+        kinds.append(event.type)
+        if event.type == "response.created":
+            assert event.response.usage is None  # counted once the response ends
+        if event.type == "response.completed":
+            usage, steps = event.response.usage, [i for i in event.response.output if i.type == "message"]
+    assert kinds[0] == "response.created" and kinds[-1] == "response.completed", kinds
+    assert usage.input_tokens > 0 and usage.output_tokens > 0 and steps, usage
+
+
+def test_a_conversation_goes_on_over_previous_response_id_in_its_warm_session(stack):
+    """Three user turns, each needing the one before and a calculator call: each is answered, and the later
+    turns' prompts reuse the conversation's KV (the session the first turn made)."""
+    client = openai_client(stack["open"])
+    turns = [("What is 23 * 47? Use the calculator.", "1081"),
+             ("Now add 119 to that result. Use the calculator.", "1200"),
+             ("Divide that by 8. Use the calculator.", "150")]
+    previous, cached = None, []
+    for question, expected in turns:
+        reply = client.responses.create(input=question, previous_response_id=previous)
+        assert reply.status == "completed" and expected in reply.output_text.replace(",", ""), (question, reply)
+        assert any(item.type == "tool_call" for item in reply.output), reply  # the calculator ran in every turn
+        if previous is not None:
+            assert reply.previous_response_id == previous
+            assert reply.usage.input_tokens_details.cached_tokens > 0, reply.usage
+        cached.append(f"{reply.usage.input_tokens_details.cached_tokens}/{reply.usage.input_tokens}")
+        previous = reply.id
+    REPORT.append("responses conversation, cached/input tokens per turn: " + ", ".join(cached))
+    assert client.responses.retrieve(previous).output_text == reply.output_text
+    client.responses.delete(previous)
+    import openai
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(previous)
+    with pytest.raises(openai.NotFoundError):
+        client.responses.create(input="And times 2?", previous_response_id=previous)
+
+
+def test_a_re_sent_conversation_is_answered_from_its_history_and_store_false_keeps_nothing(stack):
+    client = openai_client(stack["open"])
+    history = [{"role": "user", "content": "My locker number is 417. Remember it."},
+               {"role": "assistant", "content": "Noted: your locker number is 417."},
+               {"role": "user", "content": "What is my locker number plus 25? Use the calculator."}]
+    reply = client.responses.create(input=history, store=False)
+    assert reply.status == "completed" and "442" in reply.output_text, reply
+    import openai
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(reply.id)

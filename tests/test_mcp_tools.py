@@ -17,7 +17,7 @@ import time
 import psutil
 import pytest
 
-from services.agent.loop import Request, _Run
+from services.agent.loop import Request, Run
 from shared.client import Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import REPO, ServiceProcess, wait_for, write_config
@@ -220,7 +220,7 @@ def test_an_agent_run_goes_on_past_a_crashed_mcp_call(tools):
                    {"id": "b", "type": "function",
                     "function": {"name": "robot_move_to", "arguments": '{"room": "garage"}'}}]},
                {"role": "assistant", "content": "The robot drove 38 m to the garage."}]
-    run = _Run(parse_config({"agent": {"recall_k": 0}}), "Drive to the garage.", "mcp-run", 4)
+    run = Run(parse_config({"agent": {"recall_k": 0}}), "Drive to the garage.", "mcp-run", 4)
     while (req := run.pending) is not None:
         run.advance(_answer(req, client, replies))
     trace = run.trace

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from services.agent.loop import SYSTEM_PROMPT, Step, ToolCall, Trace, _Run, tool_output, tool_specs
+from services.agent.loop import SYSTEM_PROMPT, Run, Step, ToolCall, Trace, tool_output, tool_specs
 from shared.client import AsyncClient, Client, Retry, ServiceError
 from shared.config import Config, load_config
 
@@ -30,8 +30,9 @@ class AsyncAgent:
         self.clients = {name: AsyncClient.for_service(name, self.config, timeout_s=timeout_s) for name in _SERVICES}
 
     async def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None) -> Trace:
-        run = _Run(self.config, goal, session_id or f"agent-{uuid.uuid4().hex[:12]}", max_iterations)
+        run = Run(self.config, goal, session_id or f"agent-{uuid.uuid4().hex[:12]}", max_iterations)
         while (req := run.pending) is not None:
+            reply: dict | ServiceError
             try:
                 reply = await self.clients[req.service].request(req.type, req.body, req.session,
                                                                 retry=None if req.optional else self.retry)

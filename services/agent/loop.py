@@ -12,7 +12,7 @@ to its goal into the system prompt; every prompt is fitted to the model's
 verbatim to long-term memory; and when the optimizer advises it (the session's
 decode speed has halved), the history is compressed at once.
 
-The loop does no I/O (the sans-I/O pattern of h11): ``_Run`` is a generator of
+The loop does no I/O (the sans-I/O pattern of h11): ``Run`` is a generator of
 ``Request`` operations that receives each reply (or the ``ServiceError``), and its
 drivers only carry requests to the services: ``Agent`` / ``AsyncAgent``
 (``magnitude.agent``) over ZeroMQ, and the gateway's ``POST /v1/responses``
@@ -27,7 +27,7 @@ import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Generator
+from typing import Any, Generator, Sequence
 
 import structlog
 
@@ -35,8 +35,9 @@ from services.agent.context import (PATH, BuiltPrompt, ContextManager, Count, Op
                                     WorkingMemory, transcript, translate, turn_text)
 from shared import shm
 from shared.client import ServiceError, chat_body
-from shared.config import Config
+from shared.config import FINAL_ANSWER, Config
 from shared.protocol import ErrorCode
+from shared.security import session_ref
 
 log = structlog.get_logger("agent")
 
@@ -118,9 +119,22 @@ class Trace:
     elapsed_s: float = 0.0
     prompt_tokens: int = 0  # prefilled
     cached_tokens: int = 0  # reused from the session's KV
+    output_tokens: int = 0  # generated
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class Conversation:
+    """What came before a run in its conversation: an earlier run's (``Run.conversation``, the Responses API's
+    ``previous_response_id``) or a client's re-sent history. The run's prompt starts with it, so a conversation
+    kept in one session reuses that session's KV, and its facts back the run's answer like the run's own."""
+
+    opening: str  # the conversation's first user message: the prompt's first user turn, kept verbatim
+    turns: list[Turn] = field(default_factory=list)  # everything said after it, the run's own question included
+    memories: list[str] = field(default_factory=list)  # recalled when the conversation began
+    facts: list[tuple[str, str, str]] = field(default_factory=list)  # (tool, arguments, result) found so far
 
 
 def _canonical(arguments: Any) -> str:
@@ -196,14 +210,20 @@ def tool_output(body: dict) -> str:
     return body.get("output", "")
 
 
-class _Run:
+class Run:
     """One run's state and logic; ``pending`` is the request to carry next (None once ``trace`` is final)."""
 
     def __init__(self, config: Config, goal: str, session_id: str, max_iterations: int | None,
-                 caller_tools: list[dict] = ()):
-        """``caller_tools``: OpenAI tool specs whose calls go to the service ``caller`` (the run's own client)."""
+                 caller_tools: Sequence[dict] = (), instructions: str | None = None, earlier: Conversation | None = None):
+        """``caller_tools``: OpenAI tool specs whose calls go to the service ``caller`` (the run's own client);
+        ``instructions``: the caller's system text, after the agent's own (which carries its tool policy);
+        ``earlier``: the conversation this run goes on (``goal`` is then its last question)."""
         self.config = config
+        self.system = f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT
         self.caller_tools = list(caller_tools)
+        self.earlier = earlier
+        self.history: list[Turn] = list(earlier.turns) if earlier else []  # the prompt's turns after the opening
+        self.memory: WorkingMemory | None = None  # made at the run's start
         self.trace = Trace(goal, session_id)
         self.max_iterations = max_iterations or config.agent.max_iterations
         self._steps = self._loop()
@@ -221,7 +241,9 @@ class _Run:
              optional: bool = False) -> Request:
         return Request(service, msg_type, body or {}, self.trace.session_id if in_session else None, optional)
 
-    def _loop(self) -> Generator[Request, Any, None]:
+    # One generator whose state (history, calls made, the tool it insists on) lives across steps: splitting it
+    # needs that state in an object first (issue 36), so it is the one function past ruff's complexity limit.
+    def _loop(self) -> Generator[Request, Any, None]:  # noqa: C901
         trace = self.trace
         started = time.monotonic()
         try:
@@ -229,12 +251,14 @@ class _Run:
             n_ctx = (yield self._ask("inference", "health")).get("n_ctx") or self.config.engine.n_ctx
             context = ContextManager(n_ctx, self.config.memory.budget, self.config.memory.summary_max_tokens)
             context.overhead = (yield from self._budgeted(context.count(json.dumps(specs)))) + _TEMPLATE_GUESS
-            trace.memories = yield from self._recall()
+            earlier = self.earlier
+            trace.memories = list(earlier.memories) if earlier else (yield from self._recall())
+            opening = earlier.opening if earlier else trace.goal
             tool_names = [t["function"]["name"] for t in specs]
-            memory = WorkingMemory(trace.goal, trace.memories,
-                                   compute_tool=_COMPUTE_TOOL if _COMPUTE_TOOL in tool_names else None)
+            memory = self.memory = WorkingMemory(trace.goal, trace.memories, list(earlier.facts) if earlier else [],
+                                                 compute_tool=_COMPUTE_TOOL if _COMPUTE_TOOL in tool_names else None)
             checks = self.config.agent.answer_checks
-            history: list[Turn] = []
+            history = self.history
             made: dict[tuple[str, str], ToolCall] = {}  # (tool, arguments) of each call already run
             last_compressed, answer_now, forced, insist = -_COMPRESS_EVERY, False, None, None
             told: tuple[int, int] | None = None  # (history length, step) where a repeated call was answered
@@ -245,13 +269,13 @@ class _Run:
                 must_answer = answer_now or index == self.max_iterations
                 if must_answer and memory.facts:
                     step = yield from self._answer_from(memory, index)
-                    trace.answer, trace.stopped = step.content, "final_answer"
+                    trace.answer, trace.stopped = step.content, FINAL_ANSWER
                     step.ms = round((time.monotonic() - t0) * 1000, 1)
                     break
                 compress = index - last_compressed >= _COMPRESS_EVERY and (yield from self._advised_to_compress())
-                built = yield from self._budgeted(context.build(SYSTEM_PROMPT, trace.goal, history,
+                built = yield from self._budgeted(context.build(self.system, opening, history,
                                                                memories=trace.memories, compress=compress))
-                choice = "none" if must_answer else "auto"
+                choice: str | dict = "none" if must_answer else "auto"
                 if forced and choice == "auto":
                     choice = _named(forced)
                 elif insist and choice == "auto":  # after an answer sent back: the reader, or the calculator
@@ -298,7 +322,7 @@ class _Run:
                     answer_now = True
                     continue
                 if not calls:
-                    trace.answer, trace.stopped = step.content, "final_answer"
+                    trace.answer, trace.stopped = step.content, FINAL_ANSWER
                     break
                 keys = [(c["function"]["name"], _canonical(c["function"]["arguments"])) for c in calls]
                 if len(keys) == 1 and memory.iterates(*keys[0]):  # a calculation run again on its own result
@@ -331,6 +355,12 @@ class _Run:
             trace.stopped, trace.error = "error", f"{err.code}: {err.message}"
         trace.elapsed_s = round(time.monotonic() - started, 3)
 
+    def conversation(self) -> Conversation:
+        """The conversation as this run leaves it, its answer included: what its next user turn goes on."""
+        answer = [Turn("assistant", self.trace.answer)] if self.trace.answer else []
+        return Conversation(self.earlier.opening if self.earlier else self.trace.goal, [*self.history, *answer],
+                            list(self.trace.memories), list(self.memory.facts) if self.memory else [])
+
     def _chat(self, messages: list[dict], in_session: bool = True, **params: Any) -> Request:
         """A ``chat`` request of this run, built as ``Client.chat`` builds one (a long conversation goes in
         shared memory); the configured model, seed 0."""
@@ -355,6 +385,7 @@ class _Run:
         self.trace.steps.append(step)
         self.trace.prompt_tokens += reply.get("prefill_tokens", 0)
         self.trace.cached_tokens += reply.get("cached_tokens", 0)
+        self.trace.output_tokens += reply.get("completion_tokens", 0)
         return step
 
     def _call_tool(self, call: dict) -> Generator[Request, Any, ToolCall]:
@@ -424,4 +455,5 @@ class _Run:
                                                                 "items": items}, optional=True)
         except ServiceError as err:
             self.trace.warnings.append(f"remember: {err.code}: {err.message}")
-            log.warning("turns_not_remembered", session=self.trace.session_id, code=err.code, turns=len(items))
+            log.warning("turns_not_remembered", session=session_ref(self.trace.session_id), code=err.code,
+                        turns=len(items))

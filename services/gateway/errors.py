@@ -15,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
+from starlette.routing import Match
 
 from services.gateway.schemas import ErrorResponse
 from shared.client import ServiceError
@@ -94,11 +95,24 @@ def from_validation_error(exc: RequestValidationError) -> ApiError:
     return bad_request(message, where or None)
 
 
-def from_http_exception(exc: StarletteHTTPException) -> ApiError:
+def from_http_exception(exc: StarletteHTTPException, request: Request) -> ApiError:
     """Routing errors (unknown path, wrong method) in the same shape as every other error."""
     kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
     code = {404: "unknown_url", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return ApiError(exc.status_code, kind, code, str(exc.detail), headers=dict(exc.headers or {}))
+    headers = dict(exc.headers or {})
+    if exc.status_code == 405:
+        headers["Allow"] = _allowed_methods(request)
+    return ApiError(exc.status_code, kind, code, str(exc.detail), headers=headers)
+
+
+def _allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path. Starlette's 405 names only the first route's, and
+    ``/v1/responses/{id}`` has two (GET and DELETE), each a route of its own."""
+    methods: set[str] = set()
+    for route in request.app.router.routes:
+        if route.matches(request.scope)[0] is not Match.NONE:
+            methods |= getattr(route, "methods", None) or set()
+    return ", ".join(sorted(methods))
 
 
 #: What each error status means, for the OpenAPI document.
@@ -142,7 +156,7 @@ def install(app, retry_after_s: int, log) -> None:
         return answer(request, from_validation_error(exc))
 
     async def on_http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return answer(request, from_http_exception(exc))
+        return answer(request, from_http_exception(exc, request))
 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         ref, message = internal_error("gateway", exc)

@@ -1,6 +1,6 @@
 """POST /v1/responses: Magnitude's agent loop, run by the gateway, in the shape of OpenAI's Responses API.
 
-The loop is ``services.agent.loop._Run``, the one ``magnitude.agent`` drives in
+The loop is ``services.agent.loop.Run``, the one ``magnitude.agent`` drives in
 process; ``AgentRun`` carries its requests to the services through the
 gateway's upstream pools. A run starts from a goal (``input``), runs the
 configured tools (``agent.tools``) itself and reports each step as output items:
@@ -28,38 +28,51 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 
 from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request as HttpRequest
 
-from services.agent.loop import Request, _Run
-from services.gateway.access import Caller, Context, Gateway, scoped
+from services.agent.context import Turn, turn_text
+from services.agent.loop import Conversation, Request, Run
+from services.gateway.access import Caller, Context, Gateway, owned, scoped
 from services.gateway.completions import unless_disconnected
 from services.gateway.errors import ApiError, bad_request, documented, from_service_error
+from services.gateway.stored import Stored, StoredResponse
 from services.gateway.schemas import (
+    FunctionCallInput,
     FunctionCallItem,
     FunctionCallOutput,
     FunctionTool,
     IncompleteDetails,
+    InputMessage,
+    InputTokensDetails,
     MessageItem,
     OutputItem,
     OutputText,
     Response,
+    ResponseDeleted,
     ResponseError,
     ResponseEvent,
     ResponseRequest,
+    ResponseUsage,
     ToolCallItem,
 )
 from shared.client import ServiceError
+from shared.config import FINAL_ANSWER
 from shared.protocol import ErrorCode
+from shared.security import session_ref
+from shared.text import cap_text
 
 router = APIRouter()
 #: What each event of a streamed run carries (app.py writes it into the OpenAPI document).
 STREAM_EVENTS = {"/v1/responses": ResponseEvent}
 
 #: The loop's end -> the response's status.
-_STATUS = {"final_answer": "completed", "max_iterations": "incomplete", "error": "failed"}
+_STATUS = {FINAL_ANSWER: "completed", "max_iterations": "incomplete", "error": "failed"}
+#: A response's status -> the event that ends its stream, where they differ.
+_TERMINAL = {"requires_action": "completed"}
 #: Session drops in flight (asyncio keeps only weak references to tasks).
 _DROPS: set[asyncio.Task] = set()
 
@@ -71,18 +84,25 @@ def _id(prefix: str) -> str:
 class AgentRun:
     """One run of the loop, the caller it belongs to, and how much of it has been reported as items."""
 
-    def __init__(self, gw: Gateway, owner: str | None, model: str | None, goal: str, tools: list[FunctionTool]):
+    def __init__(self, gw: Gateway, owner: str | None, model: str | None, goal: str, tools: list[FunctionTool],
+                 instructions: str | None = None, earlier: Conversation | None = None, session_id: str | None = None,
+                 store: bool = True):
+        """``earlier``: the conversation the run goes on, in ``session_id`` (None: a session of its own);
+        ``store``: keep the finished response for GET and the next turn."""
         config = gw.config
         if model:
             config = config.model_copy(update={"agent": config.agent.model_copy(update={"model": model})})
         specs = [{"type": "function", "function": t.model_dump(exclude_none=True, exclude={"type", "strict"})}
                  for t in tools]
-        self.gw, self.owner = gw, owner
+        self.gw, self.owner, self.tools, self.instructions, self.store = gw, owner, tools, instructions, store
         self.model = model or config.agent.model or "default"
         self.caller_tools = {t.name for t in tools}
-        self.loop = _Run(config, goal, _id("agent"), None, specs)
+        self.loop = Run(config, goal, session_id or _id("agent"), None, specs, instructions, earlier)
+        self.metadata: dict[str, str] = {}  # the caller's, echoed on each response of the run
+        self._counted = (0, 0, 0)  # the trace's (input, cached, output) tokens when the last response was made
         self.session = scoped(owner, self.loop.trace.session_id)
         self.waiting: FunctionCallItem | None = None  # the caller's call the run waits for
+        self.last: Response | None = None  # the run's latest response
         self._steps = self._calls = 0  # steps of the trace, and calls of its last step, reported so far
 
     async def items(self, output: str | None = None) -> AsyncIterator[OutputItem]:
@@ -107,7 +127,7 @@ class AgentRun:
     async def _carry(self, req: Request) -> dict | ServiceError:
         """The reply to one of the loop's requests, or its failure for the loop to handle; before the first
         model step a failure is the HTTP request's own (``ApiError``)."""
-        body = {**req.body, "owner": self.owner} if req.type == "chat" and self.owner else req.body
+        body = owned(req.body, self.owner) if req.type == "chat" else req.body
         try:
             reply = await self.gw.upstreams.exchange(req.service, req.type, body, scoped(self.owner, req.session))
         except ServiceError as err:
@@ -117,17 +137,12 @@ class AgentRun:
         except (ValueError, OverflowError) as err:  # what msgpack cannot encode (lone surrogates)
             error = ServiceError(ErrorCode.BAD_REQUEST, f"the request cannot be encoded: {err}")
         else:
-            if req.type == "tool.list":
-                self._check_names(reply["tools"])
+            if req.type == "tool.list":  # a caller's tool shadows a configured one of its name for this run
+                reply = {**reply, "tools": [t for t in reply["tools"] if t["name"] not in self.caller_tools]}
             return reply
         if not self.loop.trace.steps and not req.optional:
             raise from_service_error(error)
         return error
-
-    def _check_names(self, configured: list[dict]) -> None:
-        if clash := sorted(self.caller_tools & {t["name"] for t in configured}):
-            raise bad_request(f"{', '.join(clash)}: the gateway runs a tool of this name itself (agent.tools); "
-                              "name yours otherwise", "tools")
 
     def _new_items(self) -> Iterator[OutputItem]:
         """Items for what the trace gained: a new step's text, and its calls of configured tools (a caller's
@@ -146,7 +161,9 @@ class AgentRun:
                                    step=steps[-1].index)
         self._calls = len(calls)
 
-    def response(self, response_id: str, created: int, previous: str | None, output: list[OutputItem]) -> Response:
+    def response(self, response_id: str, created: int, previous: str | None, output: list[OutputItem],
+                 final: bool = True) -> Response:
+        """``final``: the response as it ends (it counts its usage); else the one ``response.created`` announces."""
         trace = self.loop.trace
         if self.waiting is not None:
             status = "requires_action"
@@ -158,21 +175,38 @@ class AgentRun:
             error = ResponseError(code=code, message=message)
         incomplete = IncompleteDetails(reason="max_iterations") if status == "incomplete" else None
         return Response(id=response_id, created_at=created, model=self.model, status=status, output=output,
-                        previous_response_id=previous, error=error, incomplete_details=incomplete)
+                        previous_response_id=previous, error=error, incomplete_details=incomplete,
+                        metadata=self.metadata, usage=self._usage() if final else None)
+
+    def _usage(self) -> ResponseUsage:
+        """What the steps since the last response cost (OpenAI counts usage per response)."""
+        trace = self.loop.trace
+        now = (sum(step.prompt_tokens for step in trace.steps), trace.cached_tokens, trace.output_tokens)
+        (inputs, cached, outputs), self._counted = (a - b for a, b in zip(now, self._counted)), now
+        return ResponseUsage(input_tokens=inputs, input_tokens_details=InputTokensDetails(cached_tokens=cached),
+                             output_tokens=outputs, total_tokens=inputs + outputs)
 
     def end(self) -> None:
-        """Drop the run's session (its KV) in inference: no one else can name it. In the background, so a
-        cancelled request still does it."""
-        task = asyncio.ensure_future(self._drop())
-        _DROPS.add(task)
-        task.add_done_callback(_DROPS.discard)
+        """Drop the run's session (its KV) in inference: no one else can name it."""
+        drop_session(self.gw, self.owner, self.loop.trace.session_id)
 
-    async def _drop(self) -> None:
-        try:
-            await self.gw.upstreams.exchange("inference", "session.drop", {"owner": self.owner} if self.owner else {},
-                                             self.session)
-        except (ServiceError, TimeoutError) as err:
-            self.gw.log.warning("agent_session_not_dropped", session=self.session, error=str(err))
+    def stored(self, response: Response) -> StoredResponse:
+        return StoredResponse(self.owner, response, self.loop.conversation(), self.loop.trace.session_id, self.tools,
+                              self.instructions)
+
+
+def drop_session(gw: Gateway, owner: str | None, session_id: str) -> None:
+    """Drop a run's session (its KV) in inference, in the background, so a cancelled request still does it."""
+    task = asyncio.ensure_future(_drop(gw, owner, scoped(owner, session_id)))
+    _DROPS.add(task)
+    task.add_done_callback(_DROPS.discard)
+
+
+async def _drop(gw: Gateway, owner: str | None, session: str) -> None:
+    try:
+        await gw.upstreams.exchange("inference", "session.drop", owned({}, owner), session)
+    except (ServiceError, TimeoutError) as err:
+        gw.log.warning("agent_session_not_dropped", session=session_ref(session), error=str(err))
 
 
 class Runs:
@@ -181,10 +215,34 @@ class Runs:
     def __init__(self, gw: Gateway):
         self.gw = gw
         self._waiting: dict[str, tuple[AgentRun, asyncio.TimerHandle]] = {}
+        self._by_call: dict[str, str] = {}  # the call a run waits for -> its response (stateless re-sends)
 
     def park(self, response_id: str, run: AgentRun) -> None:
-        wait_s = self.gw.config.gateway.agent_wait_s
+        """Hold ``run`` for its caller's tool result; over gateway.max_parked_runs (or the per-key cap) the run is
+        dropped and the caller told to come back (429), so no caller can fill the gateway's memory."""
+        settings = self.gw.config.gateway
+        mine = sum(1 for waiting, _ in self._waiting.values() if waiting.owner == run.owner)
+        if len(self._waiting) >= settings.max_parked_runs or mine >= settings.max_parked_runs_per_key:
+            run.end()
+            raise ApiError(429, "rate_limit_error", "too_many_parked_runs",
+                           f"too many runs wait for a tool result ({mine} of this caller, {len(self._waiting)} in "
+                           "all): send their outputs first, or wait for gateway.agent_wait_s to drop them")
+        wait_s = settings.agent_wait_s
         self._waiting[response_id] = (run, asyncio.get_running_loop().call_later(wait_s, self._expire, response_id))
+        self._by_call[run.waiting.call_id] = response_id
+
+    def waits(self, response_id: str) -> bool:
+        return response_id in self._waiting
+
+    def waiting_response(self, response_id: str, owner: str | None) -> Response | None:
+        """The response of a run that waits under ``response_id`` for its caller (None: no such run of theirs)."""
+        entry = self._waiting.get(response_id)
+        return entry[0].last if entry is not None and entry[0].owner == owner else None
+
+    def waiting_for(self, call_id: str) -> str | None:
+        """The response whose run waits for the output of ``call_id``: a client that re-sends the whole item
+        list (no previous_response_id) resumes the run that handed the call out."""
+        return self._by_call.get(call_id)
 
     def take(self, response_id: str, owner: str | None, call_id: str) -> AgentRun:
         """The run that response left waiting, for the output of ``call_id`` (404 for another caller's run)."""
@@ -197,19 +255,21 @@ class Runs:
         if call_id != run.waiting.call_id:
             raise bad_request(f"the run waits for the output of call {run.waiting.call_id!r}, not {call_id!r}",
                               "input")
-        del self._waiting[response_id]
+        del self._waiting[response_id], self._by_call[call_id]
         timer.cancel()
         return run
 
     def _expire(self, response_id: str) -> None:
         run, _ = self._waiting.pop(response_id)
-        self.gw.log.info("agent_run_expired", response=response_id, session=run.session,
+        self._by_call.pop(run.waiting.call_id, None)
+        self.gw.log.info("agent_run_expired", response=response_id, session=session_ref(run.session),
                          waited_s=self.gw.config.gateway.agent_wait_s)
         run.end()
 
 
 def install(app, gw: Gateway) -> None:
     app.state.runs = Runs(gw)
+    app.state.stored = Stored(gw.config.gateway, lambda owner, session_id: drop_session(gw, owner, session_id))
     app.include_router(router)
 
 
@@ -219,60 +279,181 @@ def install(app, gw: Gateway) -> None:
     summary="Run Magnitude's agent: configured tools run here, the caller's come back as function calls")
 async def responses(req: ResponseRequest, gw: Context, owner: Caller, http: HttpRequest):
     runs: Runs = http.app.state.runs
-    if req.previous_response_id is None:
-        run, output = AgentRun(gw, owner, req.model, _goal(req), req.tools or []), None
-        gw.log.info("agent_run_started", session=run.session, caller_tools=sorted(run.caller_tools))
-    else:
+    req = _outputs_capped(req, gw.config.agent.sandbox.max_output_bytes)
+    previous = req.previous_response_id
+    if previous is None and (result := _last_output(req)) is not None:
+        previous = runs.waiting_for(result.call_id)  # a re-sent history; else a new run from it (stateless)
+    if previous is not None and runs.waits(previous):
         result = _function_output(req)
-        run, output = runs.take(req.previous_response_id, owner, result.call_id), result.output
+        run, output = runs.take(previous, owner, result.call_id), result.output
+    else:
+        run, output = _new_run(req, gw, owner, previous, http.app.state.stored), None
+        gw.log.info("agent_run_started", session=session_ref(run.session), caller_tools=sorted(run.caller_tools),
+                    previous=previous)
+    if req.metadata is not None:
+        run.metadata = req.metadata
+    req = req.model_copy(update={"previous_response_id": previous})
     response_id, created = _id("resp"), int(time.time())
     items = run.items(output)
+    finish = _Finish(runs, http.app.state.stored, run)
     try:
         if not req.stream:
             made = await unless_disconnected(http, _all(items))
-            return _finish(runs, run, run.response(response_id, created, req.previous_response_id, made))
+            return finish(run.response(response_id, created, req.previous_response_id, made))
         first = await anext(items, None)  # failures before the first step answer with their status
     except BaseException:  # refused, or the client went away: the run ends here
         run.end()
         raise
-    return EventSourceResponse(_events(runs, run, response_id, created, req.previous_response_id, first, items),
+    return EventSourceResponse(_events(finish, run, response_id, created, req.previous_response_id, first, items),
                                ping=gw.config.gateway.sse_ping_s, sep="\n")
 
 
-def _goal(req: ResponseRequest) -> str:
+@router.get("/v1/responses/{response_id}", response_model=Response, responses=documented(401, 404),
+            summary="A kept response: a finished one (unless made with store: false), or one waiting for a call")
+async def get_response(response_id: str, owner: Caller, http: HttpRequest):
+    waiting = http.app.state.runs.waiting_response(response_id, owner)
+    return waiting if waiting is not None else http.app.state.stored.get(response_id, owner).response
+
+
+@router.delete("/v1/responses/{response_id}", response_model=ResponseDeleted, responses=documented(401, 404),
+               summary="Forget a finished response (and, if it was its conversation's latest, the session's KV)")
+async def delete_response(response_id: str, owner: Caller, http: HttpRequest):
+    http.app.state.stored.delete(response_id, owner)
+    return ResponseDeleted(id=response_id)
+
+
+def _new_run(req: ResponseRequest, gw: Gateway, owner: str | None, previous: str | None, stored: Stored) -> AgentRun:
+    """A run for a new user turn: of the conversation ``previous`` ends (its session's warm KV when that is the
+    conversation's latest response), else of the one the input holds (a string, or a history of items)."""
     if req.tools and len({t.name for t in req.tools}) < len(req.tools):
         raise bad_request("two tools share a name", "tools")
-    if isinstance(req.input, str):
-        return req.input
-    if req.input[0].type != "message":
-        raise bad_request("a function_call_output resumes a run: send it with previous_response_id", "input")
-    return req.input[0].content
+    items = [InputMessage(role="user", content=req.input)] if isinstance(req.input, str) else req.input
+    instructions = _instructions(req.instructions, items)
+    store = req.store is not False
+    if previous is None:
+        goal, earlier = _conversation(items)
+        return AgentRun(gw, owner, req.model, goal, req.tools or [], instructions, earlier, store=store)
+    before, warm = stored.go_on(previous, owner)
+    turns, facts = _turns(items)
+    goal = _last_question(items)
+    earlier = Conversation(before.conversation.opening, [*before.conversation.turns, *turns],
+                           before.conversation.memories, [*before.conversation.facts, *facts])
+    return AgentRun(gw, owner, req.model or before.response.model, goal, req.tools or before.tools,
+                    instructions or before.instructions, earlier, before.session_id if warm else None, store)
+
+
+def _instructions(instructions: str | None, items: list) -> str | None:
+    """The caller's system text: ``instructions`` and the input's system and developer messages."""
+    texts = [instructions] if instructions else []
+    texts += [i.text for i in items if i.type == "message" and i.role in ("system", "developer")]
+    return "\n\n".join(texts) or None
+
+
+def _conversation(items: list) -> tuple[str, Conversation | None]:
+    """A new run's goal (the input's last user message) and the conversation before it (None: the input is its
+    one user message). The first user message opens the conversation; what follows is its history."""
+    said = [i for i in items if not (i.type == "message" and i.role in ("system", "developer"))]
+    goal = _last_question(said)
+    if not said or said[0].type != "message" or said[0].role != "user":
+        raise bad_request("a conversation starts with a user message", "input")
+    if len(said) == 1:
+        return goal, None
+    turns, facts = _turns(said[1:])
+    return goal, Conversation(said[0].text, turns, [], facts)
+
+
+def _last_question(items: list) -> str:
+    questions = [i.text for i in items if i.type == "message" and i.role == "user"]
+    if not questions:
+        raise bad_request("the input has no user message to answer", "input")
+    return questions[-1]
+
+
+def _turns(items: list) -> tuple[list[Turn], list[tuple[str, str, str]]]:
+    """Input items as the agent's history turns (a step's function calls as one assistant message, each output
+    as a tool message), and the (tool, arguments, output) facts the outputs hold."""
+    turns: list[Turn] = []
+    calls: dict[str, FunctionCallInput] = {}
+    facts: list[tuple[str, str, str]] = []
+    for item in items:
+        if item.type == "function_call":
+            calls[item.call_id] = item
+            call = {"id": item.call_id, "type": "function",
+                    "function": {"name": item.name, "arguments": item.arguments}}
+            last = turns[-1].message if turns else None
+            made = [*last["tool_calls"], call] if last and last["role"] == "assistant" and last.get("tool_calls") \
+                else [call]
+            if len(made) > 1:
+                turns.pop()
+            message = {"role": "assistant", "content": "", "tool_calls": made}
+            turns.append(Turn("assistant", turn_text(message), message=message))
+        elif item.type == "function_call_output":
+            called = calls.get(item.call_id)
+            message = {"role": "tool", "tool_call_id": item.call_id, "content": item.output}
+            if called is not None:
+                message["name"] = called.name
+                facts.append((called.name, called.arguments, item.output))
+            turns.append(Turn("tool", item.output, message=message))
+        elif item.role in ("user", "assistant"):
+            turns.append(Turn(item.role, item.text))
+    return turns, facts
+
+
+def _outputs_capped(req: ResponseRequest, cap: int) -> ResponseRequest:
+    """The request with each of the caller's tool outputs cut to what a configured tool may give
+    (agent.sandbox.max_output_bytes), with a note, as a configured tool's is: the model reads no more of it
+    anyway, and a 900k-character output became a memory write over the mesh's frame limit."""
+    if not isinstance(req.input, list):
+        return req
+    items = [item.model_copy(update={"output": cap_text(item.output, cap)[0]})
+             if item.type == "function_call_output" else item for item in req.input]
+    return req.model_copy(update={"input": items})
+
+
+def _last_output(req: ResponseRequest) -> FunctionCallOutput | None:
+    """The function_call_output an item list ends with, if it does."""
+    if isinstance(req.input, list) and req.input[-1].type == "function_call_output":
+        return req.input[-1]
+    return None
 
 
 def _function_output(req: ResponseRequest) -> FunctionCallOutput:
-    """The output that resumes a run (its model and tools are the run's own: ones sent again are not read)."""
-    if isinstance(req.input, str) or req.input[0].type != "function_call_output":
+    """The output that resumes a run (its model and tools are the run's own: ones sent again are not read;
+    in a re-sent item list, the last item)."""
+    if (result := _last_output(req)) is None:
         raise bad_request("a run is resumed with the function_call_output of the call it waits for", "input")
-    return req.input[0]
+    return result
 
 
 async def _all(items: AsyncIterator[OutputItem]) -> list[OutputItem]:
     return [item async for item in items]
 
 
-def _finish(runs: Runs, run: AgentRun, response: Response) -> Response:
-    """Park a run that waits for its caller, end one that is done; log either way."""
-    if response.status == "requires_action":
-        runs.park(response.id, run)
-    else:
-        run.end()
-    runs.gw.log.info("agent_response", id=response.id, session=run.session, status=response.status,
-                     items=len(response.output), steps=len(run.loop.trace.steps),
-                     waiting_for=run.waiting.name if run.waiting else None)
-    return response
+@dataclass
+class _Finish:
+    """What becomes of a run when its response is made: parked while it waits for its caller, kept (its
+    conversation, for GET and the next turn) or ended when it is done."""
+
+    runs: Runs
+    stored: Stored
+    run: AgentRun
+
+    def __call__(self, response: Response) -> Response:
+        run = self.run
+        run.last = response
+        if response.status == "requires_action":
+            self.runs.park(response.id, run)
+        elif run.store:
+            self.stored.keep(run.stored(response))
+        else:
+            run.end()
+        self.runs.gw.log.info("agent_response", id=response.id, session=session_ref(run.session),
+                              status=response.status, items=len(response.output), steps=len(run.loop.trace.steps),
+                              waiting_for=run.waiting.name if run.waiting else None)
+        return response
 
 
-async def _events(runs: Runs, run: AgentRun, response_id: str, created: int, previous: str | None,
+async def _events(finish: _Finish, run: AgentRun, response_id: str, created: int, previous: str | None,
                   first: OutputItem | None, items: AsyncIterator[OutputItem]):
     """response.created, each item as it is made, then the response (its status names the event). A client
     that goes away cancels this, and with it the step in flight: the run ends there."""
@@ -284,14 +465,16 @@ async def _events(runs: Runs, run: AgentRun, response_id: str, created: int, pre
 
     finished = False
     try:
-        yield event("response.created", response=run.response(response_id, created, previous, []).model_copy(
+        yield event("response.created", response=run.response(response_id, created, previous, [], final=False).model_copy(
             update={"status": "in_progress"}))
         async for item in _chain(first, items):
             output.append(item)
             yield event("response.output_item.done", output_index=len(output) - 1, item=item)
-        response = _finish(runs, run, run.response(response_id, created, previous, output))
+        response = finish(run.response(response_id, created, previous, output))
         finished = True
-        yield event(f"response.{response.status}", response=response)
+        # a run waiting for a caller's tool ends its stream as OpenAI's does, with response.completed (the
+        # event the SDKs wait for); its response's status still says requires_action
+        yield event(f"response.{_TERMINAL.get(response.status, response.status)}", response=response)
     finally:
         if not finished:
             run.end()

@@ -23,7 +23,8 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from shared.protocol import (MAX_CALL_NAME_CHARS, MAX_DESCRIPTION_CHARS, MAX_EMBED_TEXTS, MAX_ERROR_REASON_CHARS,
                              MAX_FEEDBACK_DETAILS_BYTES, MAX_GOAL_CHARS, MAX_HTTP_SESSION_CHARS, MAX_ID_CHARS,
-                             MAX_MEMORY_TEXT_CHARS, MAX_MESSAGES, MAX_MODEL_NAME_CHARS, MAX_PROMPT_CHARS, MAX_SEED,
+                             MAX_MEMORY_TEXT_CHARS, MAX_MESSAGES, MAX_METADATA_KEY_CHARS, MAX_METADATA_PAIRS,
+                             MAX_METADATA_VALUE_CHARS, MAX_MODEL_NAME_CHARS, MAX_PROMPT_CHARS, MAX_SEED,
                              MAX_STOP_CHARS, MAX_STOPS, MAX_TEMPERATURE, MAX_TOKENS, MAX_TOOL_CALLS,
                              MAX_TOOL_NAME_CHARS, MAX_TOOLS, MAX_TOP_K, MAX_USER_CHARS, MAX_VECTOR_DIMS)
 
@@ -32,23 +33,34 @@ _INT64_MIN, _UINT64_MAX = -(2**63), 2**64 - 1
 
 def _mesh_numbers(value: Any) -> Any:
     """Integers beyond 64 bits become floats: msgpack carries no bigger ones, and a JSON reader in most languages
-    holds such a number as a double anyway."""
-    if isinstance(value, dict):
-        return {k: _mesh_numbers(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_mesh_numbers(v) for v in value]
-    if isinstance(value, int) and not isinstance(value, bool) and not _INT64_MIN <= value <= _UINT64_MAX:
-        return float(value)
-    return value
+    holds such a number as a double anyway. A copy, made without recursion: nesting depth is no limit here."""
+    root = [value]
+    places: list[tuple[Any, Any]] = [(root, 0)]  # (container, key) of each value still to convert, its copy put in place
+    while places:
+        container, key = places.pop()
+        item = container[key]
+        if isinstance(item, dict):
+            container[key] = item = dict(item)
+            places.extend((item, k) for k in item)
+        elif isinstance(item, list):
+            container[key] = item = list(item)
+            places.extend((item, i) for i in range(len(item)))
+        elif isinstance(item, int) and not isinstance(item, bool) and not _INT64_MIN <= item <= _UINT64_MAX:
+            container[key] = float(item)
+    return root[0]
 
 
 def _whole(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def Whole(ge: int, le: int) -> Any:
-    """An integer in [ge, le]; as in JSON Schema, 2.0 is an integer (strict mode alone would refuse it)."""
-    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_whole)]
+#: Integers in a range; as in JSON Schema, 2.0 is an integer (strict mode alone would refuse it).
+_WHOLE = BeforeValidator(_whole)
+MaxTokens = Annotated[int, Field(ge=1, le=MAX_TOKENS), _WHOLE]
+TopK = Annotated[int, Field(ge=0, le=MAX_TOP_K), _WHOLE]
+Seed = Annotated[int, Field(ge=0, le=MAX_SEED), _WHOLE]
+VectorDims = Annotated[int, Field(ge=1, le=MAX_VECTOR_DIMS), _WHOLE]
+OnlyOne = Annotated[int, Field(ge=1, le=1), _WHOLE]  # n, best_of: one choice per request
 
 
 #: A free-form JSON object (a JSON schema, feedback details) as the mesh can carry it.
@@ -75,14 +87,14 @@ class SamplingParams(_Request):
     """What chat and text completions share."""
 
     model: ModelName
-    max_tokens: Whole(1, MAX_TOKENS) | None = Field(None, description="default: engine.default_max_tokens")
+    max_tokens: MaxTokens | None = Field(None, description="default: engine.default_max_tokens")
     temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: Whole(0, MAX_TOP_K) | None = Field(None, description="extension (as llama-server)")
-    seed: Whole(0, MAX_SEED) | None = Field(None, description="default: a random seed per request")
+    top_k: TopK | None = Field(None, description="extension (as llama-server)")
+    seed: Seed | None = Field(None, description="default: a random seed per request")
     stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
     stream: bool = False
-    n: Whole(1, 1) | None = Field(None, description="one choice per request")
+    n: OnlyOne | None = Field(None, description="one choice per request")
     frequency_penalty: float | None = Field(None, ge=0, le=0, description="not supported: only 0")
     presence_penalty: float | None = Field(None, ge=0, le=0, description="not supported: only 0")
     user: str | None = Field(None, max_length=MAX_USER_CHARS, description="accepted, not used")
@@ -174,7 +186,7 @@ class ChatCompletionRequest(SamplingParams):
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = Field(None, description="accepted; the model decides how many calls")
     response_format: ResponseFormat | None = None
-    max_completion_tokens: Whole(1, MAX_TOKENS) | None = Field(None, description="overrides max_tokens")
+    max_completion_tokens: MaxTokens | None = Field(None, description="overrides max_tokens")
     stream_options: StreamOptions | None = None
     logprobs: Literal[False] | None = Field(None, description="not supported: only false")
 
@@ -186,7 +198,7 @@ class CompletionRequest(SamplingParams):
     echo: bool = False
     logprobs: None = Field(None, description="not supported")
     suffix: None = Field(None, description="not supported")
-    best_of: Whole(1, 1) | None = None
+    best_of: OnlyOne | None = None
     stream_options: StreamOptions | None = None
 
     def prompt_text(self) -> str:
@@ -200,7 +212,7 @@ class EmbeddingRequest(_Request):
         Field(min_length=1, max_length=MAX_EMBED_TEXTS)] = Field(
         description="a text or a list of texts (token arrays are not supported)")
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Whole(1, MAX_VECTOR_DIMS) | None = Field(None, description="must equal the model's dimension")
+    dimensions: VectorDims | None = Field(None, description="must equal the model's dimension")
     user: str | None = Field(None, max_length=MAX_USER_CHARS)
 
     def texts(self) -> list[str]:
@@ -412,10 +424,31 @@ class FunctionTool(FunctionDefinition):
     type: Literal["function"]
 
 
+class InputText(_Request):
+    """A text part of a message's content (a re-sent assistant message carries ``output_text``)."""
+
+    type: Literal["input_text", "output_text"]
+    text: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
 class InputMessage(_Request):
     type: Literal["message"] = "message"
-    role: Literal["user"]
-    content: Annotated[str, Field(min_length=1, max_length=MAX_GOAL_CHARS)]
+    role: Literal["user", "assistant", "system", "developer"]
+    content: Annotated[str, Field(min_length=1, max_length=MAX_GOAL_CHARS)] | Annotated[
+        list[InputText], Field(min_length=1, max_length=MAX_TOOLS)]
+
+    @property
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+
+
+class FunctionCallInput(_Request):
+    """A ``function_call`` item of an earlier response, re-sent with the history."""
+
+    type: Literal["function_call"]
+    call_id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    name: str = Field(max_length=MAX_CALL_NAME_CHARS)
+    arguments: str = Field(max_length=MAX_PROMPT_CHARS)
 
 
 class FunctionCallOutput(_Request):
@@ -427,16 +460,37 @@ class FunctionCallOutput(_Request):
 
 
 class ResponseRequest(_Request):
+    """Every field is honoured or refused: a field OpenAI defines that this server cannot honour (temperature,
+    top_p, max_output_tokens, text, reasoning, truncation, ...), or one nobody defines, is a 400 naming it."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
     model: ModelName | None = Field(None, description="default: agent.model, else the engine's default model")
     input: Annotated[str, Field(min_length=1, max_length=MAX_GOAL_CHARS)] | Annotated[
-        list[InputMessage | FunctionCallOutput], Field(min_length=1, max_length=1)] = Field(
-        description="a new run: the goal (a string, or one user message); a resumed run: the one "
-                    "function_call_output for the call its previous response handed out")
+        list[InputMessage | FunctionCallInput | FunctionCallOutput],
+        Field(min_length=1, max_length=MAX_MESSAGES)] = Field(
+        description="a new turn: a string, or items (messages of every role, function_call, "
+                    "function_call_output): a whole conversation re-sent, or its new items after "
+                    "previous_response_id; its last user message is the question. A run waiting for a caller's "
+                    "call is resumed by that call's function_call_output, alone or last in the re-sent history")
     tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS,
-                                             description="tools the caller runs (besides agent.tools, run here)")
+                                             description="tools the caller runs (besides agent.tools, run here; "
+                                                         "one of them shadows a configured tool of its name)")
     previous_response_id: str | None = Field(None, max_length=MAX_ID_CHARS,
-                                             description="resume the run that response left waiting for a call")
+                                             description="resume the run that response left waiting for a call, "
+                                                         "or go on with the conversation a finished one ends")
     stream: bool = False
+    instructions: str | None = Field(None, max_length=MAX_GOAL_CHARS,
+                                     description="the caller's system text, added to the agent's own system prompt")
+    metadata: dict[Annotated[str, Field(max_length=MAX_METADATA_KEY_CHARS)],
+                   Annotated[str, Field(max_length=MAX_METADATA_VALUE_CHARS)]] | None = Field(
+        None, max_length=MAX_METADATA_PAIRS, description="echoed on the response")
+    include: Annotated[list[str], Field(max_length=0)] | None = Field(
+        None, description="only empty: no extra output (reasoning, logprobs) is produced")
+    tool_choice: Literal["auto"] | None = Field(None, description="only auto (the agent's step policy chooses)")
+    parallel_tool_calls: Literal[True] | None = Field(None, description="only true: a step may call several tools")
+    store: bool | None = Field(None, description="default true: the finished response is kept for GET and "
+                                                 "previous_response_id (gateway.agent_wait_s); false: not kept (a "
+                                                 "run waiting for a caller's call is still held for its output)")
 
 
 class OutputText(_Reply):
@@ -494,6 +548,24 @@ class IncompleteDetails(_Reply):
     reason: Literal["max_iterations"]
 
 
+class InputTokensDetails(_Reply):
+    cached_tokens: int = Field(description="prompt tokens reused from the session's KV cache")
+
+
+class OutputTokensDetails(_Reply):
+    reasoning_tokens: int = 0
+
+
+class ResponseUsage(_Reply):
+    """The tokens of the model turns this response's part of the run took (all its steps)."""
+
+    input_tokens: int
+    input_tokens_details: InputTokensDetails
+    output_tokens: int
+    output_tokens_details: OutputTokensDetails = Field(default_factory=OutputTokensDetails)
+    total_tokens: int
+
+
 class Response(_Reply):
     id: str
     object: Literal["response"] = "response"
@@ -506,6 +578,14 @@ class Response(_Reply):
     previous_response_id: str | None = None
     error: ResponseError | None = None
     incomplete_details: IncompleteDetails | None = None
+    metadata: dict[str, str] = Field(default_factory=dict)
+    usage: ResponseUsage | None = None
+
+
+class ResponseDeleted(_Reply):
+    id: str
+    object: Literal["response.deleted"] = "response.deleted"
+    deleted: Literal[True] = True
 
 
 class ResponseEvent(_Reply):
