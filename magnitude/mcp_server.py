@@ -3,8 +3,9 @@
 Its tools are clients of the running services: ``memory_search`` and ``memory_add`` (the retrieval service,
 ``agent.memory_collection``), ``calculator`` (the tool service's) and ``run_agent`` (Magnitude's agent loop on
 a goal, with the tool service's tools, MCP servers' included). Over stdio by default; over streamable HTTP
-on loopback, or on any other address only once the gateway's API keys exist (``scripts/keys api-key NAME``):
-then every request needs ``Authorization: Bearer KEY``, loopback too, as at the gateway.
+with the gateway's API keys: every request needs ``Authorization: Bearer KEY``, loopback too (a first start
+makes key ``local`` in keys_dir/local.key, mode 0600). Keyless loopback only with
+``gateway.allow_keyless_loopback: true``, logged as a warning.
 """
 
 from __future__ import annotations
@@ -17,14 +18,14 @@ from mcp.server.mcpserver.exceptions import ToolError
 from pydantic import Field
 
 from magnitude.agent import AsyncAgent, tool_output
-from services.gateway.keys import ApiKeys, keys_path
+from services.gateway.keys import ApiKeys, ensure_local_key, keys_path
 from shared.client import AsyncClient, ServiceError
 from shared.config import Config
 from shared.logs import configure_logging
 from shared.protocol import (MAX_AGENT_ITERATIONS, MAX_EXPRESSION_CHARS, MAX_GOAL_CHARS, MAX_HITS, MAX_NOTE_CHARS,
                              MAX_QUERY_CHARS)
+from shared.security import LOOPBACK_NAMES
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _INSTRUCTIONS = ("Magnitude, an on-device agent stack: search and add to its long-term memory, calculate, or "
                  "hand a whole goal to its agent (run_agent), which uses the box's own tools and model.")
 
@@ -89,10 +90,10 @@ def build(config: Config) -> MCPServer:
     return mcp
 
 
-def _guarded(app, keys: ApiKeys):
-    """The HTTP app, answering 401 to a request without a valid key once keys exist."""
+def _guarded(app, keys: ApiKeys, keyless: bool = False):
+    """The HTTP app, answering 401 to a request without a valid key (unless keyless was the explicit choice)."""
     async def guarded(scope, receive, send):
-        if scope["type"] == "http" and keys.present():
+        if scope["type"] == "http" and (keys.present() or not keyless):
             header = dict(scope["headers"]).get(b"authorization", b"").decode("latin-1")
             if not header.startswith("Bearer ") or keys.who(header[7:]) is None:
                 await send({"type": "http.response.start", "status": 401,
@@ -113,13 +114,18 @@ def serve(config: Config, http_port: int | None, host: str) -> int:
     import uvicorn
     from mcp.server.transport_security import TransportSecuritySettings
 
+    keyless = host in LOOPBACK_NAMES and config.gateway.allow_keyless_loopback
+    if keyless:
+        log.warning("mcp_keyless", why="gateway.allow_keyless_loopback: every local account can call these tools")
+    elif host in LOOPBACK_NAMES and (made := ensure_local_key(config)):
+        log.warning("api_key_created", path=str(made), use="Authorization: Bearer $(cat PATH)")
     keys = ApiKeys(keys_path(config))
-    if host not in LOOPBACK and not keys.present():
+    if host not in LOOPBACK_NAMES and not keys.present():
         log.error("mcp_refused", host=host, why="serving beyond loopback needs API keys: scripts/keys api-key NAME")
         return 2
     # On loopback the SDK also checks Host and Origin (DNS rebinding); elsewhere the keys guard it.
-    app = mcp.streamable_http_app(host=host, transport_security=None if host in LOOPBACK else
+    app = mcp.streamable_http_app(host=host, transport_security=None if host in LOOPBACK_NAMES else
                                   TransportSecuritySettings(enable_dns_rebinding_protection=False))
     log.info("mcp_serving", url=f"http://{host}:{http_port}/mcp", auth="api_keys" if keys.present() else "none")
-    uvicorn.run(_guarded(app, keys), host=host, port=http_port, log_level="warning")
+    uvicorn.run(_guarded(app, keys, keyless), host=host, port=http_port, log_level="warning")
     return 0

@@ -24,6 +24,13 @@ PASSIVE + 30000 spins, lease (shipped)   16.1   11.2 (embedding 11 batches/s)   
 (libgomp's default spin, about 10x longer, ran two Gemma 270M processes at 0.8 tok/s each.) The last column
 is what taking turns costs where two computations could overlap; the stack itself runs one decoding process,
 which puts every session in one batch.
+
+A computation waits for the lease at most ``runtime.core_lease_wait_s`` (30 s; one decode step or embedding
+batch holds it for seconds at most), logging the holder's pid every 5 s, then raises ``LeaseTimeout``: a
+``busy`` error for the requests that needed the cores, so a holder that hangs (stopped, or stuck in a native
+call) costs requests an error and never leaves a service waiting for ever. ``flock`` cannot wait with a
+deadline, so a waiter tries again every millisecond: a hand-over costs about 0.6 ms more than a blocking wait
+(two processes taking 20 ms turns, this box).
 """
 
 from __future__ import annotations
@@ -31,15 +38,25 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 from pathlib import Path
 
+import structlog
+
 from shared.config import Config
-from shared.security import private_dir
+from shared.protocol import ErrorCode, ProtocolError
+from shared.security import SecurityError, private_dir
 
 #: Spins before an OpenMP thread sleeps: enough for a decode's barriers (libgomp: roughly 0.3 ms), safe under the lease.
 LEASED_SPIN_COUNT = "30000"
 #: For llama.cpp that computes without the lease (the test suite's in-process models): sleep soon.
 UNLEASED_SPIN_COUNT = "1000"
+#: How often a waiter tries the lease again.
+_RETRY_S = 0.001
+#: A wait this long is logged with the holder's pid, and again each time as long.
+_LOG_EVERY_S = 5.0
+
+_log = structlog.get_logger()
 
 
 def share_cores_with_openmp(spin_count: str = LEASED_SPIN_COUNT) -> None:
@@ -51,6 +68,25 @@ def share_cores_with_openmp(spin_count: str = LEASED_SPIN_COUNT) -> None:
     os.environ.setdefault("GOMP_SPINCOUNT", spin_count)
 
 
+def _open_lock(path: Path) -> int:
+    """A lock file of ours: never followed through a symlink, refused when another uid owns it (its owner
+    could hold the lease for ever)."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise SecurityError(f"cannot open the core lease {path} ({exc.strerror}); is it a symlink?") from exc
+    owner = os.fstat(fd).st_uid
+    if owner != os.geteuid():
+        os.close(fd)
+        raise SecurityError(f"the core lease {path} is owned by uid {owner}, not by us; remove it")
+    return fd
+
+
+class LeaseTimeout(ProtocolError):
+    """The cores were not free within the wait: the computation that needed them did not run, and its requests
+    fail ``busy`` (retry later) while the service goes on."""
+
+
 class CoreLease:
     """Held around each llama.cpp computation, so that two processes never compute on the cores at once.
 
@@ -59,27 +95,60 @@ class CoreLease:
     before a woken waiter runs (an embedding ingest starved the decode to 3 tok/s in some runs), so the
     lease is handed over in turns: a process waits for it while holding a second lock, the queue, which a
     holder must take before it may wait again. A thread lock in front makes it exclusive between this
-    process's threads too (``flock`` is per open file, not per thread)."""
+    process's threads too (``flock`` is per open file, not per thread). The holder writes its pid into the
+    lock file, so a waiter can say whom it waits for."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, wait_s: float = 30.0):
         self.path = path
-        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
-        self._fd = os.open(path, flags, 0o600)
-        self._queue_fd = os.open(path.with_name(path.name + ".queue"), flags, 0o600)
+        self.wait_s = wait_s
+        self._fd = _open_lock(path)
+        self._queue_fd = _open_lock(path.with_name(path.name + ".queue"))
         self._threads = threading.Lock()
 
     def __enter__(self) -> CoreLease:
-        self._threads.acquire()
+        deadline = time.monotonic() + self.wait_s
+        if not self._threads.acquire(timeout=self.wait_s):
+            raise self._timeout()
         try:
-            fcntl.flock(self._queue_fd, fcntl.LOCK_EX)
+            self._take(self._queue_fd, deadline)
             try:
-                fcntl.flock(self._fd, fcntl.LOCK_EX)
+                self._take(self._fd, deadline)
             finally:
                 fcntl.flock(self._queue_fd, fcntl.LOCK_UN)
+            os.pwrite(self._fd, f"{os.getpid():<10}\n".encode(), 0)
         except BaseException:
             self._threads.release()
             raise
         return self
+
+    def _take(self, fd: int, deadline: float) -> None:
+        """Lock ``fd``, trying again every ``_RETRY_S`` until ``deadline``."""
+        started = logged = deadline - self.wait_s
+        while True:
+            try:
+                return fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pass
+            now = time.monotonic()
+            if now >= deadline:
+                raise self._timeout()
+            if now - logged >= _LOG_EVERY_S:
+                _log.warning("core_lease_waiting", holder_pid=self.holder(), waited_s=round(now - started, 1),
+                             lease=str(self.path))
+                logged = now
+            time.sleep(_RETRY_S)
+
+    def holder(self) -> int | None:
+        """The pid of the process that holds the lease, or held it last (None before anyone did)."""
+        text = os.pread(self._fd, 16, 0).strip()
+        return int(text) if text.isdigit() else None
+
+    def _timeout(self) -> LeaseTimeout:
+        pid = self.holder()
+        _log.warning("core_lease_timeout", holder_pid=pid, wait_s=self.wait_s, lease=str(self.path))
+        return LeaseTimeout(ErrorCode.BUSY, f"the cores were not free within {self.wait_s:g} s "
+                                            f"(runtime.core_lease_wait_s): process {pid} holds {self.path}; "
+                                            "retry later")
 
     def __exit__(self, *exc_info) -> None:
         fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -92,4 +161,4 @@ class CoreLease:
 
 def stack_lease(config: Config) -> CoreLease:
     """The lease that every service of ``config``'s stack takes."""
-    return CoreLease(private_dir(config.runtime.run_dir()) / "cores.lock")
+    return CoreLease(private_dir(config.runtime.run_dir()) / "cores.lock", config.runtime.core_lease_wait_s)

@@ -7,9 +7,12 @@ tests can hold several). The service loop records each final reply with
 ``observe_generation``. Queue depth, running jobs and uptime are read at scrape
 time through callbacks, so the loop never pays for them.
 
-The figures leave the process two ways: prometheus_client's HTTP server
-(``serve_http``; a port in use is logged, not fatal) and ``exposition()``,
-which the service loop returns for the ``metrics`` protocol message.
+The figures leave the process two ways: an HTTP server (``serve_http``; a
+port in use is logged, not fatal) and ``exposition()``, which the service loop
+returns for the ``metrics`` protocol message. The HTTP server answers only
+requests whose Host header names this box (loopback's names, ``metrics.host``,
+``metrics.allowed_hosts``), as the gateway does: a web page that re-points its
+own name at 127.0.0.1 (DNS rebinding) would otherwise read the figures.
 
 All names start with ``magnitude_``; the ``process_*`` families (RSS, CPU
 seconds, open fds) come from prometheus_client's ``ProcessCollector``.
@@ -17,7 +20,12 @@ seconds, open fds) come from prometheus_client's ``ProcessCollector``.
 
 from __future__ import annotations
 
+import socket
+import threading
+from collections.abc import Iterable
+from socketserver import ThreadingMixIn
 from typing import Any, Callable
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -28,10 +36,11 @@ from prometheus_client import (
     Info,
     ProcessCollector,
     generate_latest,
-    start_http_server,
+    make_wsgi_app,
 )
 
 from shared.protocol import MESSAGES
+from shared.security import allowed_host_names, host_allowed
 
 PREFIX = "magnitude_"
 #: Label for request frames that never became a known message type (bad frames, unknown types).
@@ -54,7 +63,7 @@ class ServiceMetrics:
                  running: Callable[[], float], uptime_s: Callable[[], float]):
         self.registry = CollectorRegistry(auto_describe=True)
         self.url: str | None = None  # set once the HTTP endpoint serves
-        self._http = None
+        self._http: _Server | None = None
         ProcessCollector(registry=self.registry)
         Info(PREFIX + "service", "Which service this process is.", registry=self.registry).info(
             {"service": service, "pid": str(pid)})
@@ -94,9 +103,12 @@ class ServiceMetrics:
         """The ``metrics`` message reply: Prometheus text format and its content type."""
         return {"text": generate_latest(self.registry).decode(), "content_type": CONTENT_TYPE_LATEST}
 
-    def serve_http(self, host: str, port: int) -> str:
-        """Serve ``/metrics`` on a daemon thread; return its URL. Raises OSError if the port is taken."""
-        self._http, _ = start_http_server(port, addr=host, registry=self.registry)
+    def serve_http(self, host: str, port: int, allowed_hosts: Iterable[str] = ()) -> str:
+        """Serve ``/metrics`` on a daemon thread; return its URL. A request whose Host header names none of
+        loopback's names, ``host`` and ``allowed_hosts`` is answered 400. Raises OSError if the port is taken."""
+        app = _host_checked(make_wsgi_app(self.registry), allowed_host_names(host, allowed_hosts))
+        self._http = make_server(host, port, app, _Server6 if ":" in host else _Server, handler_class=_Quiet)
+        threading.Thread(target=self._http.serve_forever, name="metrics-http", daemon=True).start()
         bound_port = self._http.server_address[1]
         self.url = f"http://{f'[{host}]' if ':' in host else host}:{bound_port}/metrics"
         return self.url
@@ -106,6 +118,32 @@ class ServiceMetrics:
             self._http.shutdown()
             self._http.server_close()
             self._http = None
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """A thread per scrape, none of them keeping the process alive (what prometheus_client's server does, but
+    serving our app: its own takes no WSGI app to wrap)."""
+
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class _Quiet(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        """Not a line per scrape on stderr, among the JSON log lines."""
+
+
+def _host_checked(app: Callable, allowed: set[str]) -> Callable:
+    """The WSGI ``app``, answering 400 to a request whose Host header names none of ``allowed``."""
+    def checked(environ: dict, start_response: Callable) -> Iterable[bytes]:
+        if host_allowed(environ.get("HTTP_HOST", ""), allowed):
+            return app(environ, start_response)
+        start_response("400 Bad Request", [("Content-Type", "text/plain; charset=utf-8")])
+        return [b"the Host header names none of this endpoint's names (metrics.allowed_hosts)\n"]
+    return checked
 
 
 class InferenceMetrics(ServiceMetrics):

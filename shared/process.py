@@ -1,7 +1,8 @@
 """Service processes on this machine: pid files, start, stop, liveness.
 
 Each service is ``python -m services.<name>``, detached into its own session,
-its stderr (JSON logs) in ``<run_dir>/<name>.log`` and its pid in
+its stderr (JSON logs) in ``<run_dir>/<name>.log`` (rotated by size by the
+service itself: ``runtime.log_max_bytes``, ``shared.logs``) and its pid in
 ``<run_dir>/<name>.pid``. The launcher (``magnitude up``) and the watchdog's
 local backend both start and stop services through this module.
 
@@ -23,6 +24,7 @@ from pathlib import Path
 import psutil
 
 from shared.config import Config
+from shared.logs import rotation_env
 from shared.security import private_dir
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -79,9 +81,11 @@ def spawn(config: Config, name: str, config_path: str | None,
     run_dir = config.runtime.run_dir()
     private_dir(run_dir)
     cmd = [sys.executable, "-m", f"services.{name}"] + (["--config", str(config_path)] if config_path else [])
+    log_path = log_file(config, name)
     env = dict(os.environ, **(extra_env or {}), **{STACK_ENV: _stack_mark(config)},
+               **rotation_env(log_path, config.runtime.log_max_bytes, config.runtime.log_backups),
                PYTHONPATH=os.pathsep.join(filter(None, [str(_REPO_ROOT), os.environ.get("PYTHONPATH")])))
-    with open(log_file(config, name), "ab") as log:
+    with open(log_path, "ab") as log:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=log, env=env,
                                 start_new_session=True)
     pid_file(config, name).write_text(str(proc.pid))

@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Sized
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -85,6 +86,8 @@ class Field:
     min: float | None = None  # for numbers: the least value allowed
     max: float | None = None  # ... and the greatest
     above: bool = False  # ``min`` itself is excluded (top_p > 0)
+    #: Speaks for someone else (``owner``): only a peer that may send privileged messages may set it.
+    privileged: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,11 @@ class MessageSpec:
     #: Changes the box (engines, models, strategy, tools, stored data): on a tcp endpoint only a
     #: CURVE-authenticated client may send it (see shared.security); others get ``unauthorized``.
     privileged: bool = False
+
+    def needs_trusted_peer(self, body: dict[str, Any]) -> bool:
+        """Whether only a peer that may send privileged messages may send this request: its type changes the
+        box, or its body sets a field that speaks for someone else."""
+        return self.privileged or any(spec.privileged and name in body for name, spec in self.fields.items())
 
 
 _NUMBER = (int, float)
@@ -124,6 +132,9 @@ MAX_DESCRIPTION_CHARS = 4096
 MAX_USER_CHARS = 256  # OpenAI's ``user`` field: accepted, not used
 MAX_SCHEMA_BYTES = 64 * 1024  # one JSON schema (a tool's parameters, a response format)
 MAX_SCHEMA_DEPTH = 32  # nested JSON containers in a schema
+#: Nested maps and arrays in a request body (the body's own map is the first), far below Python's recursion
+#: limit (1000): msgpack unpacks 1024 levels, and a service's json.dumps of a deeper body raised RecursionError.
+MAX_BODY_DEPTH = 128
 MAX_TOOLS_BYTES = 256 * 1024  # all the tools' schemas together: they become one grammar
 
 # --- the bounds of memory requests (embedding and retrieval) ---
@@ -142,9 +153,20 @@ MAX_HITS = 20
 MAX_NOTE_CHARS = 8000
 MAX_EXPRESSION_CHARS = 500
 
+# --- the bounds of a /v1/responses request's metadata (OpenAI's) ---
+MAX_METADATA_PAIRS = 16
+MAX_METADATA_KEY_CHARS = 64
+MAX_METADATA_VALUE_CHARS = 512
+
 # --- the bounds of agent feedback ---
 MAX_ERROR_REASON_CHARS = 4096
 MAX_FEEDBACK_DETAILS_BYTES = 16 << 10
+
+#: The tenant a relaying peer acts for (the gateway: the API key's name, or one name for all keyless callers):
+#: KV is reused only within one, and it is the client that ``runtime.max_generations_per_client`` counts. Only a
+#: peer that may send privileged messages may name one, so an ordinary client can neither reach another
+#: tenant's KV nor dodge its own limit under made-up names.
+_OWNER = {"owner": Field(str, max_len=MAX_OWNER_CHARS, privileged=True)}
 
 #: What generate and chat share: sampling, stop sequences, streaming, the model, and who the caller is.
 _GENERATION = {
@@ -157,8 +179,7 @@ _GENERATION = {
     "stream": Field(bool),
     "model": Field(str, max_len=MAX_MODEL_NAME_CHARS),
     "cache_prompt": Field(bool),
-    # The tenant a relaying peer (the gateway: the API key's name) acts for; KV is reused only within one.
-    "owner": Field(str, max_len=MAX_OWNER_CHARS),
+    **_OWNER,
 }
 
 MESSAGES: dict[str, MessageSpec] = {
@@ -194,8 +215,8 @@ MESSAGES: dict[str, MessageSpec] = {
         doc="A conversation (OpenAI-shaped messages, tools) rendered with the model's own chat template; the reply "
             "is an assistant message with native tool calls. Streams {text} and {tool_call} events.",
     ),
-    "session.drop": MessageSpec("inference", doc="Forget the session's cached KV state."),
-    "sessions": MessageSpec("inference", doc="List cached sessions and where their KV lives."),
+    "session.drop": MessageSpec("inference", _OWNER, doc="Forget the session's cached KV state."),
+    "sessions": MessageSpec("inference", _OWNER, doc="List cached sessions and where their KV lives."),
     "tokenize": MessageSpec(
         "inference",
         {"text": Field(str, required=True, max_len=MAX_PROMPT_CHARS)},
@@ -407,8 +428,40 @@ def decode_field(msg_type: str, name: str, data: bytes, request_id: str) -> Any:
     """A body field that came in shared memory (``messages_shm`` holds ``messages``): msgpack under the frame's
     rules, checked against the field's spec as if it had come inline."""
     value = _unpack(data, f"{name}_shm")
+    _check_depth(value, f"field {name!r}", request_id)
     _check_field(name, MESSAGES[msg_type].fields[name], value, request_id)
     return value
+
+
+def _check_depth(value: Any, what: str, request_id: str | None) -> None:
+    """Refuse ``value`` when its maps and arrays nest deeper than ``MAX_BODY_DEPTH``: walked level by level,
+    not recursively, before any recursive code (json.dumps, a handler's walk) meets it."""
+    level, depth = [value], 0
+    while level:
+        depth += 1
+        if depth > MAX_BODY_DEPTH:
+            raise ProtocolError(ErrorCode.BAD_REQUEST, f"{what} nests deeper than {MAX_BODY_DEPTH} levels",
+                                request_id)
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node)
+                 if isinstance(child, (dict, list))]
+
+
+def _peek_id(frame: bytes) -> str | None:
+    """The envelope's ``id`` of a frame too large to decode, so that its error still reaches the caller: walk
+    the top-level map, skipping every other value unread. ``None`` when the frame has no readable id."""
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=len(frame), ext_hook=_no_extensions)
+    unpacker.feed(frame)
+    try:
+        for _ in range(min(unpacker.read_map_header(), 16)):
+            key = unpacker.unpack()
+            if key != "id":
+                unpacker.skip()
+                continue
+            value = unpacker.unpack()
+            return value if isinstance(value, str) and 0 < len(value) <= MAX_ID_CHARS else None
+    except Exception:  # msgpack raises several types for bad input; a frame without an id gets none
+        return None
+    return None
 
 
 def _unpack_map(frame: bytes) -> dict:
@@ -428,10 +481,13 @@ def _check_field(name: str, spec: Field, value: Any, request_id: str) -> None:
         )
     if isinstance(value, float) and not math.isfinite(value):
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r} must be finite", request_id)
-    if spec.max_len is not None and len(value) > spec.max_len:
+    # isinstance() above leaves ``value`` typed as object: MESSAGES declares max_len only on sized fields
+    # (str, list, bytes) and min/max only on number fields, which is what ``value`` then is.
+    if spec.max_len is not None and len(cast(Sized, value)) > spec.max_len:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r} longer than {spec.max_len}", request_id)
-    low_ok = spec.min is None or (value > spec.min if spec.above else value >= spec.min)
-    if not low_ok or (spec.max is not None and value > spec.max):
+    number = cast(float, value)
+    low_ok = spec.min is None or (number > spec.min if spec.above else number >= spec.min)
+    if not low_ok or (spec.max is not None and number > spec.max):
         low = "" if spec.min is None else f"{spec.min:g} {'<' if spec.above else '<='} "
         high = "" if spec.max is None else f" <= {spec.max:g}"
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r} must be {low}{name}{high}", request_id)
@@ -441,7 +497,8 @@ def decode_request(frame: bytes, *, max_frame_bytes: int, handled: set[str]) -> 
     """Parse and validate one request frame; raise ``ProtocolError`` with the right code."""
     if len(frame) > max_frame_bytes:
         raise ProtocolError(
-            ErrorCode.TOO_LARGE, f"frame of {len(frame)} bytes exceeds {max_frame_bytes}; send large data via shm"
+            ErrorCode.TOO_LARGE, f"frame of {len(frame)} bytes exceeds {max_frame_bytes}; send large data via shm",
+            _peek_id(frame),
         )
     env = _unpack_map(frame)
     request_id = env.get("id")
@@ -464,6 +521,7 @@ def decode_request(frame: bytes, *, max_frame_bytes: int, handled: set[str]) -> 
     body = env.get("body", {})
     if not isinstance(body, dict):
         raise ProtocolError(ErrorCode.BAD_REQUEST, "envelope field 'body' must be a map", request_id)
+    _check_depth(body, "body", request_id)
     spec = MESSAGES.get(msg_type)
     if spec is not None:
         for name, field_spec in spec.fields.items():

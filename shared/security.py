@@ -12,11 +12,20 @@ message that changes the box (``MessageSpec.privileged``: engine and model
 control, strategy, tool calls, stored memories, feedback, telemetry) is served
 on a tcp endpoint only when that endpoint authenticates its clients with CURVE
 (``peers_authenticated``); over plain loopback tcp it answers ``unauthorized``.
+So does a request that speaks for another client (``Field.privileged``: the
+``owner`` a relaying gateway names), which would otherwise reach that client's KV
+or dodge its own generation limit.
 
 Secrets are written 0600 from the first byte (``os.open`` with that mode, no
 chmod afterwards), their directories are kept 0700 (``private_dir`` tightens an
-existing one), and a secret key file readable by group or others is refused
-when loaded, as ssh refuses such a private key.
+existing one, and refuses one that another account owns or can write), and a
+secret key file readable by group or others is refused when loaded, as ssh
+refuses such a private key.
+
+HTTP endpoints on loopback answer only requests whose Host header names this
+box (``allowed_host_names``): a web page that re-points its own name at
+127.0.0.1 (DNS rebinding) still sends its own name. Session ids are
+capabilities, so logs carry ``session_ref(id)``, never the id.
 
 Layout of ``keys_dir``::
 
@@ -27,9 +36,11 @@ Layout of ``keys_dir``::
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -68,12 +79,57 @@ def peers_authenticated(endpoint: str, curve: bool) -> bool:
 
 
 def private_dir(path: Path) -> Path:
-    """Create ``path`` (and parents) with mode 0700, or tighten it to 0700 if it exists and is ours."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Create ``path`` (and its missing parents) with mode 0700, or tighten it to 0700 if it exists and is ours.
+
+    One that another account owns or can write is refused: its owner could read our sockets or hold our locks,
+    and whoever could write in it may already have put files there (a key, a pid file, a database) that no
+    chmod now takes out. Group-writable by our own group is no such account: umask 002 makes directories so
+    where each user has a group of their own."""
+    for missing in reversed([p for p in (path, *path.parents) if not p.exists()]):
+        missing.mkdir(mode=0o700, exist_ok=True)  # mkdir(parents=True) would make the parents by the umask
     st = path.stat()
-    if st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) & 0o077:
+    if st.st_uid != os.geteuid():
+        raise SecurityError(f"{path} is owned by uid {st.st_uid}, not by us (uid {os.geteuid()}); "
+                            f"remove it or choose another directory")
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & stat.S_IWOTH or (mode & stat.S_IWGRP and st.st_gid != os.getegid()):
+        raise SecurityError(f"{path} is writable by other accounts (mode {mode:o}, group {st.st_gid}): they may "
+                            f"have put files in it; check what it holds, then run: chmod 700 {path}")
+    if mode & 0o077:
         path.chmod(0o700)
     return path
+
+
+def session_ref(session_id: str | None) -> str | None:
+    """What logs carry for a session id: the first 12 hex digits of its SHA-256. An id is a capability (whoever
+    knows it reaches that session's KV), so it is never logged in clear; the same id always gives the same ref,
+    so one session's lines can still be found in every service's log."""
+    return None if session_id is None else hashlib.sha256(session_id.encode()).hexdigest()[:12]
+
+
+#: Host names of this box that a web page elsewhere cannot make its own (DNS rebinding).
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
+#: Bind-all addresses name no host (browsers reach 0.0.0.0 as this box).
+ANY_ADDRESS = ("0.0.0.0", "::")
+
+
+def allowed_host_names(bound_host: str, extra: Iterable[str] = ()) -> set[str]:
+    """What the Host header of a request to an HTTP endpoint bound to ``bound_host`` may name: loopback's names,
+    the bound address (unless it binds all), and ``extra`` (configured names; ``*`` allows any)."""
+    return {name.lower() for name in (*LOOPBACK_NAMES, bound_host, *extra)} - set(ANY_ADDRESS)
+
+
+def host_name(header: str) -> str | None:
+    """The name a Host header carries ('[::1]:8000' -> '::1'); None when it is not a host[:port]."""
+    try:
+        return urlsplit(f"//{header}").hostname
+    except ValueError:  # an unclosed IPv6 bracket
+        return None
+
+
+def host_allowed(header: str, allowed: set[str]) -> bool:
+    """Whether a request whose Host header is ``header`` may be answered (see ``allowed_host_names``)."""
+    return "*" in allowed or host_name(header) in allowed
 
 
 def _check_private(path: Path) -> None:

@@ -45,7 +45,8 @@ from fastapi.testclient import TestClient
 
 from magnitude import launcher
 from services.gateway import errors
-from services.gateway.keys import create_key
+from services.gateway.keys import create_key, read_local_key
+from services.gateway.middleware import OPEN_PATH_SLOTS
 from services.inference import session_store
 from services.inference.chat_template import ChatTemplate, TemplateError
 from services.inference.session_store import SessionStore
@@ -553,13 +554,18 @@ def _gateway(home: Path, keys_file: Path | None = None, **gateway) -> tuple[Serv
         return svc, c.health()["url"]
 
 
+def _key(svc: ServiceProcess) -> dict:
+    """The headers of the key a gateway's first start made (keys_dir/local.key)."""
+    return {"Authorization": f"Bearer {read_local_key(svc.config)}"}
+
+
 def test_keyless_feedback_is_bounded_in_rate_size_and_rows(tmp_path):
     """Finding 4a: without keys the gateway relayed any amount of feedback, the mesh's privileged message."""
     config = make_config(tmp_path)
     optimizer = ServiceProcess("optimizer", write_config(tmp_path, config), config).start()
     gateway = None
     try:
-        gateway, url = _gateway(tmp_path)  # gateway.feedback_per_minute: 30 by default
+        gateway, url = _gateway(tmp_path, allow_keyless_loopback=True)  # feedback_per_minute: 30 by default
         answers = [httpx.post(f"{url}/v1/feedback", json={"session_id": f"run-{i}", "success": True}).status_code
                    for i in range(32)]
         assert answers == [200] * 30 + [429] * 2, answers
@@ -606,26 +612,39 @@ def test_a_request_naming_another_host_is_refused(tmp_path):
     port = urlsplit(url).port
     try:
         for host in (f"evil.example:{port}", "evil.example", f"0.0.0.0:{port}", "", "[::1"):
-            answer = httpx.get(f"{url}/metrics", headers={"Host": host})
+            answer = httpx.get(f"{url}/metrics", headers={"Host": host, **_key(gateway)})
             assert answer.status_code == 400 and answer.json()["error"]["code"] == "invalid_host", (host, answer)
         for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "robot.local"):
-            assert httpx.get(f"{url}/metrics", headers={"Host": host}).status_code == 200, host
+            assert httpx.get(f"{url}/metrics", headers={"Host": host, **_key(gateway)}).status_code == 200, host
     finally:
         gateway.stop()
 
 
-def test_every_route_counts_against_the_concurrency_limit(tmp_path):
-    """Finding 4d: /health (and /metrics, /openapi.json) bypassed gateway.max_concurrent."""
+def test_every_route_counts_against_a_concurrency_limit(tmp_path):
+    """Finding 4d: /health (and /metrics, /openapi.json) bypassed gateway.max_concurrent. Now every API route
+    counts against it, and the open paths (/health, /openapi.json) against a pool of their own: a full API pool
+    never starves the health checks (issue 34, finding 1), and they are bounded too."""
     gateway, url = _gateway(tmp_path, max_concurrent=1)
     port = urlsplit(url).port
     try:
         with socket.create_connection(("127.0.0.1", port)) as slow:  # a request in flight: its body comes slowly
             slow.sendall(b"POST /v1/feedback HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
-                         b"Content-Length: 100\r\n\r\n{")
-            wait_for(lambda: httpx.get(f"{url}/health").status_code == 429, 5, "/health counted")
-            for path in ("/metrics", "/openapi.json", "/v1/models"):
-                assert httpx.get(f"{url}{path}").status_code == 429, path
-        wait_for(lambda: httpx.get(f"{url}/metrics").status_code == 200, 5, "the slot back")
+                         + f"Authorization: {_key(gateway)['Authorization']}\r\n".encode()
+                         + b"Content-Length: 100\r\n\r\n{")
+            wait_for(lambda: httpx.get(f"{url}/metrics", headers=_key(gateway)).status_code == 429, 5, "the slot taken")
+            assert httpx.get(f"{url}/v1/models", headers=_key(gateway)).status_code == 429
+            for path in ("/health", "/openapi.json"):
+                assert httpx.get(f"{url}{path}").status_code != 429, path
+            open_slots = [socket.create_connection(("127.0.0.1", port)) for _ in range(OPEN_PATH_SLOTS)]
+            try:  # the open pool full of stalled requests: one more is refused, the API's slot unaffected
+                for sock in open_slots:
+                    sock.sendall(b"POST /health HTTP/1.1\r\nHost: localhost\r\nContent-Length: 100\r\n\r\n{")
+                wait_for(lambda: httpx.get(f"{url}/health").status_code == 429, 5, "the open pool full")
+            finally:
+                for sock in open_slots:
+                    sock.close()
+        wait_for(lambda: httpx.get(f"{url}/metrics", headers=_key(gateway)).status_code == 200, 5, "the slot back")
+        wait_for(lambda: httpx.get(f"{url}/health").status_code != 429, 5, "the open pool back")
     finally:
         gateway.stop()
 
@@ -638,7 +657,8 @@ def test_sigterm_lets_a_gateway_stream_finish(tmp_path):
         try:
             body = {"model": "default", "prompt": "Once upon a time", "max_tokens": 600, "temperature": 0,
                     "stream": True}
-            with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as stream:
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=_key(gateway),
+                              timeout=120) as stream:
                 lines = stream.iter_lines()
                 assert next(line for line in lines if line.startswith("data:"))
                 gateway.proc.send_signal(signal.SIGTERM)

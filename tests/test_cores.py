@@ -9,8 +9,11 @@ import time
 
 import pytest
 
+from shared.client import Client, ServiceError
+from shared.config import parse_config
 from shared.cores import CoreLease, stack_lease
-from tests.conftest import MODEL_PATH, REPO, make_config, require_model
+from shared.security import private_dir
+from tests.conftest import MODEL_PATH, REPO, ServiceProcess, make_config, require_model, write_config
 
 HOLD = """
 import sys, time
@@ -99,3 +102,41 @@ def test_inference_and_embedding_compute_only_with_the_lease(run_home):
         embedder.close()
         engine.close()
         lease.close()
+
+
+@pytest.mark.model
+def test_a_holder_that_never_lets_go_costs_requests_busy_naming_it_never_the_services(run_home):
+    """A holder that hangs (a stopped process, a native call that never returns): inference and embedding wait
+    runtime.core_lease_wait_s, then answer the requests that needed the cores ``busy`` naming the holder's pid,
+    stay healthy, and compute again once it is gone. On 29a46bc they waited for ever."""
+    require_model(MODEL_PATH)
+    home = run_home / "lease-deadline"
+    home.mkdir()
+    base = make_config(home, session_slots=1).model_dump(mode="json")
+    config = parse_config({**base, "runtime": {**base["runtime"], "core_lease_wait_s": 0.5}})
+    path = write_config(home, config)
+    holder = _holder(private_dir(config.runtime.run_dir()) / "cores.lock")
+    services = []
+    try:
+        services = [ServiceProcess(name, path, config).start() for name in ("inference", "embedding")]
+        with Client(services[0].endpoint, timeout_s=30) as inference, \
+                Client(services[1].endpoint, timeout_s=30) as embedding:
+            calls = [lambda: inference.generate("The robot", max_tokens=2),
+                     lambda: embedding.request("embed", {"texts": ["the spare keys are in the blue bowl"]})]
+            for call in calls:
+                started = time.monotonic()
+                with pytest.raises(ServiceError) as err:
+                    call()
+                assert err.value.code == "busy" and f"process {holder.pid} holds" in err.value.message, err.value
+                assert time.monotonic() - started < 10
+            assert inference.health()["ok"] and embedding.health()["ok"]
+            holder.kill()
+            holder.wait()
+            assert inference.generate("The robot", max_tokens=2).stats["completion_tokens"] == 2
+            assert embedding.request("embed", {"texts": ["the spare keys are in the blue bowl"]})["tokens"] > 0
+        for svc in services:
+            assert f'"holder_pid": {holder.pid}' in svc.log.read_text()  # the log says whom it waited for
+    finally:
+        holder.kill()
+        for svc in reversed(services):
+            svc.stop()

@@ -27,7 +27,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from services.gateway.keys import create_key
+from services.gateway.keys import create_key, read_local_key
 from shared import catalog
 from shared.client import Client
 from shared.config import DEFAULT_EMBEDDING_MODEL_FILE, parse_config
@@ -64,10 +64,13 @@ class Gateway:
         self.process = ServiceProcess("gateway", write_config(home, self.config), self.config).start()
         with Client(self.process.endpoint, timeout_s=5) as c:
             self.url = c.health()["url"]
-        self.key = key
+        self.key = key or read_local_key(self.config)  # the open one's: the key its first start made
+
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.key}"}
 
     def sdk(self, key: str | None = None, **kwargs) -> OpenAI:
-        return OpenAI(base_url=f"{self.url}/v1", api_key=key or self.key or "unused", max_retries=0,
+        return OpenAI(base_url=f"{self.url}/v1", api_key=key or self.key, max_retries=0,
                       timeout=kwargs.pop("timeout", 120), **kwargs)
 
 
@@ -169,7 +172,8 @@ def test_embeddings_float_and_base64(client):
 def test_feedback_reaches_the_optimizer(stack):
     url = stack["open"].url
     receipt = httpx.post(f"{url}/v1/feedback", json={"session_id": "run-1", "success": False,
-                                                     "error_reason": "picked the wrong room"}).json()
+                                                     "error_reason": "picked the wrong room"},
+                         headers=stack["open"].headers()).json()
     assert receipt["durable"] is True
     with Client.for_service("optimizer", stack["config"], timeout_s=5) as c:
         stats = c.request("feedback.stats")
@@ -181,7 +185,7 @@ def test_health_and_metrics(stack):
     health = httpx.get(f"{url}/health")
     assert health.status_code == 200 and health.json() == {
         "status": "ok", "services": {"inference": True, "embedding": True, "optimizer": True}}
-    text = httpx.get(f"{url}/metrics").text
+    text = httpx.get(f"{url}/metrics", headers=stack["open"].headers()).text
     assert 'magnitude_http_requests_total{method="POST",route="/v1/completions",status="200"}' in text
     assert 'magnitude_requests_total{type="generate"}' in text
     strict = httpx.get(f"{stack['strict'].url}/health").json()  # open without a key; no embedding behind it
@@ -387,7 +391,8 @@ def test_the_docs_snippet_runs_as_written(stack):
     snippet = text.split("<!-- snippet:", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
     assert "http://localhost:8000/v1" in snippet and f"```python\n{snippet}```" in (REPO / "README.md").read_text()
     snippet = snippet.replace("http://localhost:8000/v1", f"{stack['open'].url}/v1")
-    out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300)
+    out = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300,
+                         env=dict(os.environ, MAGNITUDE_CONFIG=str(stack["open"].process.config_path)))
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     assert lines[0] == "read_thermometer {'room': 'kitchen'}" and lines[1].strip(), out.stdout  # a call, words
@@ -401,8 +406,10 @@ def test_schemathesis_finds_no_server_error_and_no_schema_violation(stack):
     """A short run in the suite: a fixed seed, a few examples per operation (docs/gateway.md: the long one)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), SCHEMATHESIS_HOOKS="tests.gateway_st_hooks",
                GATEWAY_ST_MODELS=f"{BASE_MODEL},{CHAT_MODEL}", GATEWAY_ST_EMBEDDING_MODEL=EMBEDDING_MODEL)
-    out = subprocess.run([sys.executable, "-m", "schemathesis.cli", "run", f"{stack['open'].url}/openapi.json",
-                          "--max-examples", "8", "--seed", "1", *SCHEMATHESIS_ARGS],
+    out = subprocess.run([sys.executable, "-m", "schemathesis.cli", "--config-file", str(REPO / "tests/schemathesis.toml"),
+                          "run", f"{stack['open'].url}/openapi.json",
+                          "--max-examples", "8", "--seed", "1", "-H", f"Authorization: Bearer {stack['open'].key}",
+                          *SCHEMATHESIS_ARGS],
                          capture_output=True, text=True, timeout=600, env=env, cwd=stack["home"])
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
     summary = [line.strip() for line in out.stdout.splitlines() if "generated" in line or " passed" in line]

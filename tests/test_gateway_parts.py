@@ -115,7 +115,7 @@ def test_body_limit_refuses_declared_and_chunked_bodies_and_replays_small_ones()
         await send({"type": "http.response.body", "body": b"ok"})
 
     from services.gateway.errors import error_response
-    limit = BodyLimit(app, 10, lambda err: error_response(err, 1))
+    limit = BodyLimit(app, 10, max_depth=64, timeout_s=10, respond=lambda err: error_response(err, 1))
     assert asyncio.run(_call(limit, [b"12345", b"678"], [])) == (200, b"ok") and seen == [b"12345678"]
     status, body = asyncio.run(_call(limit, [b"123456", b"789012"], []))  # no Content-Length: counted
     assert status == 413 and json.loads(body)["error"]["code"] == "too_large"

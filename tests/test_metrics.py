@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import socket
+import urllib.error
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -119,6 +121,23 @@ def test_error_replies_count_by_code_and_type_over_http(tools_service):
     errors_by_code = [s.value for f in text_string_to_metric_families(after) for s in f.samples
                       if s.name == "magnitude_errors_total"]
     assert health["errors"] == sum(errors_by_code)  # health's totals are the metrics' sums
+
+
+def test_a_scrape_naming_another_host_is_refused(tools_service):
+    """Issue 34, finding 9: a web page that re-points its own name at 127.0.0.1 (DNS rebinding) read every
+    service's /metrics; its requests still carry its own name as Host, so they are refused as at the gateway."""
+    with Client(tools_service.endpoint, timeout_s=30) as client:
+        url = client.health()["metrics_url"]
+    port = urllib.parse.urlsplit(url).port
+
+    def status(host: str) -> int:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, headers={"Host": host}), timeout=10) as answer:
+                return answer.status
+        except urllib.error.HTTPError as err:
+            return err.code
+    assert [status(h) for h in (f"evil.example:{port}", "evil.example", f"0.0.0.0:{port}", "[::1")] == [400] * 4
+    assert [status(h) for h in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}")] == [200] * 3
 
 
 def test_metrics_message_returns_the_exposition(tools_service):

@@ -83,3 +83,21 @@ def test_error_keeps_request_id():
     with pytest.raises(ProtocolError) as info:
         decode(encode_request("teleport", request_id="abc"))
     assert info.value.request_id == "abc"
+
+
+def test_oversized_frame_error_carries_the_request_id():
+    """A too-large request is answered under its own id: a client drops replies whose id it does not know,
+    so an id-less too_large left the caller waiting for a reply that never came."""
+    frame = encode_request("generate", {"prompt": "x" * 50_000}, request_id="req-big-1")
+    with pytest.raises(ProtocolError) as err:
+        decode_request(frame, max_frame_bytes=4096, handled=HANDLED)
+    assert err.value.code == ErrorCode.TOO_LARGE
+    assert err.value.request_id == "req-big-1"
+    # The id is found wherever the encoder put it, and a frame with no id (or garbage) gets none, no crash.
+    body_first = msgpack.packb({"body": {"prompt": "x" * 50_000}, "v": 1, "type": "generate", "id": "req-big-2"})
+    with pytest.raises(ProtocolError) as err:
+        decode_request(body_first, max_frame_bytes=4096, handled=HANDLED)
+    assert err.value.request_id == "req-big-2"
+    with pytest.raises(ProtocolError) as err:
+        decode_request(b"\xc1" * 5000, max_frame_bytes=4096, handled=HANDLED)
+    assert err.value.code == ErrorCode.TOO_LARGE and err.value.request_id is None

@@ -19,6 +19,7 @@ import openai
 import pytest
 from openai import OpenAI
 
+from services.gateway.keys import read_local_key
 from shared import catalog
 from shared.client import Client
 from shared.config import parse_config
@@ -44,7 +45,7 @@ def stack(run_home):
     require_model(agent_path)
     require_model(chat_path)
     home = run_home / "shared-engine"
-    bench_agent.write_files(home / "files")
+    bench_agent.write_files(home / "files", bench_agent.FILES)
     # Prompt chunks of 8 tokens beside running decodes: a step then costs about one decode, so the regex test
     # measures what preparation does to another stream, not how long a 32-token chunk takes (about 180 ms
     # on the 0.5B here, which alone came close to the 250 ms bound).
@@ -58,14 +59,14 @@ def stack(run_home):
     services = [ServiceProcess(name, path, config).start() for name in ("inference", "tools", "gateway")]
     with Client(services[-1].endpoint, timeout_s=5) as c:
         url = c.health()["url"]
-    yield {"config": config, "url": f"{url}/v1", "inference": services[0]}
+    yield {"config": config, "url": f"{url}/v1", "inference": services[0], "key": read_local_key(config)}
     for svc in reversed(services):
         svc.stop()
 
 
 def sdk(stack, session: str | None = None, **kwargs) -> OpenAI:
     headers = {"X-Session-Id": session} if session else None
-    return OpenAI(base_url=stack["url"], api_key="none", max_retries=0, timeout=kwargs.pop("timeout", 300),
+    return OpenAI(base_url=stack["url"], api_key=stack["key"], max_retries=0, timeout=kwargs.pop("timeout", 300),
                   default_headers=headers, **kwargs)
 
 

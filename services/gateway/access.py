@@ -7,7 +7,9 @@ caller's session ids are scoped by its key name, so two callers never share a
 session: ``usage`` reports how many prompt tokens were already cached, and a
 shared session would let one caller probe another's prompts that way.
 
-Without keys (loopback only) every local account is a caller, so what changes
+Keys are on from the first start (``ensure_local_key``). Only with
+``gateway.allow_keyless_loopback: true`` (loopback only, logged as a warning)
+is every local account a caller; then what changes
 the box through the gateway is bounded instead: feedback, the optimizer's
 privileged message, is rate-limited (``RateLimit``; bodies are bounded by the
 schema).
@@ -56,13 +58,13 @@ class Gateway:
     config: Config
     upstreams: Upstreams
     keys: ApiKeys
-    loopback: bool  # bound to a loopback address: no key needed until keys are configured
+    loopback: bool  # bound to a loopback address: keyless possible, as an explicit opt-in
     metrics: ServiceMetrics
     log: Any
     keyless_feedback: RateLimit  # feedback's bound while no key is needed
 
     def auth_required(self) -> bool:
-        return self.keys.present() or not self.loopback
+        return self.keys.present() or not (self.loopback and self.config.gateway.allow_keyless_loopback)
 
 
 async def gateway(request: Request) -> Gateway:
@@ -74,13 +76,22 @@ def _unauthorized(message: str) -> ApiError:
                     headers={"WWW-Authenticate": "Bearer"})
 
 
-async def caller(request: Request, gw: Annotated[Gateway, Depends(gateway)]) -> str | None:
-    """The calling key's name; None when no key is needed. 401 for a missing or wrong key."""
+#: Paths every caller reaches without a key: liveness (the watchdog, compose, a person's curl) and the API's
+#: description. They are admitted from a pool of their own (``middleware.Admission``).
+OPEN_PATHS = frozenset({"/health", "/openapi.json"})
+#: Where ``middleware.Authenticate`` leaves the caller for the routes (``scope["state"]``).
+CALLER_KEY = "caller"
+
+
+def authenticate(gw: Gateway, authorization: str) -> str | None:
+    """The name of the key in an ``Authorization`` header; None when no key is needed. 401 for a missing or
+    wrong key. Called by ``middleware.Authenticate`` before admission, so a caller without a key never holds a
+    request slot (or reads a body) that keyed callers need."""
     if not gw.auth_required():
         return None
     if gw.keys.broken:
         gw.log.error("api_keys_unreadable", path=str(gw.keys.path), error=gw.keys.broken)
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    scheme, _, key = authorization.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise _unauthorized("this gateway needs an API key: send 'Authorization: Bearer KEY' "
                             "(keys are made with scripts/keys api-key NAME)")
@@ -92,11 +103,27 @@ async def caller(request: Request, gw: Annotated[Gateway, Depends(gateway)]) -> 
     return owner
 
 
+async def caller(request: Request) -> str | None:
+    """The calling key's name as ``middleware.Authenticate`` found it; None when no key is needed."""
+    return request.scope["state"][CALLER_KEY]
+
+
 def scoped(owner: str | None, session_id: str | None) -> str | None:
     """The mesh session of a caller's session id: the key name is part of it."""
     if session_id is None or owner is None:
         return session_id
     return f"{owner}/{session_id}"
+
+
+#: The owner the gateway names to inference for every keyless caller (``gateway.allow_keyless_loopback``): one
+#: tenant, so together they have one client's ``runtime.max_generations_per_client`` (each borrows a connection
+#: of its own, which would count apart) and no KV of the mesh's own local clients. No key can have this name.
+KEYLESS = "(keyless)"
+
+
+def owned(body: dict[str, Any], owner: str | None) -> dict[str, Any]:
+    """An inference request's body naming who it is for: the caller's key name, or ``KEYLESS``."""
+    return {**body, "owner": KEYLESS if owner is None else owner}
 
 
 SessionHeader = Annotated[str | None, Header(

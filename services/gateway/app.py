@@ -23,17 +23,14 @@ from starlette.types import ASGIApp
 
 from services.gateway import completions, errors, resources, responses
 from services.gateway.access import Gateway
-from services.gateway.middleware import Admission, BodyLimit, HostCheck, Observe
+from services.gateway.middleware import Admission, Authenticate, BodyLimit, HostCheck, Observe
 from shared.protocol import PROTOCOL_VERSION
+from shared.security import allowed_host_names
 
 #: The mesh message each API route becomes, for the per-type request metrics every service keeps.
 _ROUTE_TYPES = {"/v1/chat/completions": "chat", "/v1/completions": "generate", "/v1/embeddings": "embed",
                 "/v1/feedback": "feedback", "/v1/models": "model.list", "/v1/models/{model}": "model.list"}
 _METHODS = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
-#: Host names of this box that a web page elsewhere cannot make its own (with gateway.host and allowed_hosts).
-_LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
-#: Bind-all addresses are no name of the gateway (browsers reach 0.0.0.0 as this box).
-_ANY_ADDRESS = ("0.0.0.0", "::")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
 
@@ -63,9 +60,12 @@ def create_app(gw: Gateway, beat: Callable[[], None], on_in_flight: Callable[[in
     def respond(err: errors.ApiError) -> ASGIApp:
         return errors.error_response(err, cfg.retry_after_s)
 
-    hosts = {*_LOOPBACK_NAMES, cfg.host, *cfg.allowed_hosts} - set(_ANY_ADDRESS)
-    return Observe(HostCheck(Admission(BodyLimit(app, cfg.max_body_bytes, respond), cfg.max_concurrent, respond,
-                                       on_in_flight), hosts, respond), _recorder(gw))
+    hosts = allowed_host_names(cfg.host, cfg.allowed_hosts)
+    # Outermost first: the metrics see every answer; a foreign Host and a missing key are refused before a
+    # request slot is taken; the body is read last, within its size, time and nesting depth.
+    body = BodyLimit(app, cfg.max_body_bytes, cfg.max_json_depth, cfg.body_timeout_s, respond)
+    admitted = Admission(body, cfg.max_concurrent, cfg.max_concurrent_per_key, respond, on_in_flight)
+    return Observe(HostCheck(Authenticate(admitted, gw, respond), hosts, respond), _recorder(gw))
 
 
 async def _heartbeat(beat: Callable[[], None], every_s: float) -> None:
@@ -117,7 +117,7 @@ def _document(app: FastAPI, gw: Gateway) -> None:
             document["security"] = [{"bearer": []}]
         return document
 
-    app.openapi = openapi
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customize the document
 
 
 def _document_streams(document: dict[str, Any], chunks: dict[str, type[BaseModel]]) -> None:

@@ -14,14 +14,14 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
-from collections.abc import AsyncIterator, Awaitable
-from typing import Any
+from collections.abc import AsyncGenerator, Awaitable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 
-from services.gateway.access import Caller, Context, Gateway, Session
+from services.gateway.access import Caller, Context, Gateway, Session, owned
 from services.gateway.errors import ApiError, documented, error_body
 from services.gateway.replies import ChatShape, CompletionShape, Shape
 from services.gateway.schemas import (
@@ -50,7 +50,7 @@ STREAM_CHUNKS = {"/v1/chat/completions": ChatCompletionChunk, "/v1/completions":
 async def chat_completions(req: ChatCompletionRequest, gw: Context, session_id: Session, owner: Caller,
                            http: Request):
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await _generate(http, gw, "chat", _owned(chat_body(req, session_id), owner), session_id,
+    return await _generate(http, gw, "chat", owned(chat_body(req, session_id), owner), session_id,
                            ChatShape(req.model, include_usage), req.stream)
 
 
@@ -60,12 +60,7 @@ async def completions(req: CompletionRequest, gw: Context, session_id: Session, 
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     shape = CompletionShape(req.model, include_usage, echo=req.prompt_text() if req.echo else None)
     body = {"prompt": req.prompt_text(), **sampling_body(req, req.max_tokens)}
-    return await _generate(http, gw, "generate", _owned(body, owner), session_id, shape, req.stream)
-
-
-def _owned(body: dict[str, Any], owner: str | None) -> dict[str, Any]:
-    """The body with the caller's key name as its owner (none without keys: the local owner)."""
-    return {**body, "owner": owner} if owner is not None else body
+    return await _generate(http, gw, "generate", owned(body, owner), session_id, shape, req.stream)
 
 
 def sampling_body(req: SamplingParams, max_tokens: int | None) -> dict[str, Any]:
@@ -119,8 +114,10 @@ async def _generate(http: Request, gw: Gateway, msg_type: str, body: dict, sessi
 #: How often a non-streamed request checks whether its HTTP client is still there.
 DISCONNECT_POLL_S = 0.25
 
+_T = TypeVar("_T")
 
-async def unless_disconnected(http: Request, work: Awaitable[dict]) -> dict:
+
+async def unless_disconnected(http: Request, work: Awaitable[_T]) -> _T:
     """``work``'s result; if the HTTP client goes away first, ``work`` is cancelled (and with it the generation:
     the ZeroMQ client sends ``cancel``), and the request ends as 499, as nginx names a closed request."""
     task = asyncio.ensure_future(work)
@@ -137,7 +134,7 @@ async def unless_disconnected(http: Request, work: Awaitable[dict]) -> dict:
             await asyncio.gather(task, return_exceptions=True)
 
 
-async def _events(gw: Gateway, shape: Shape, reply: Reply, frames: AsyncIterator[Reply]):
+async def _events(gw: Gateway, shape: Shape, reply: Reply, frames: AsyncGenerator[Reply, None]):
     try:
         for chunk in shape.opening():
             yield _data(chunk)

@@ -34,6 +34,35 @@ def keys_path(config: Config) -> Path:
     return config.gateway.api_keys_file or config.runtime.resolved_keys_dir() / "api_keys"
 
 
+LOCAL_KEY_NAME = "local"
+
+
+def local_key_path(config: Config) -> Path:
+    """Where the key made at the first start is kept in clear, mode 0600, for the user's own clients."""
+    return keys_path(config).with_name("local.key")
+
+
+def ensure_local_key(config: Config) -> Path | None:
+    """Keys on from the first start (as Jupyter's token): with no key file yet, make key ``local`` and keep it
+    in ``local_key_path``; returns that path when it was made now, None when keys already existed."""
+    if keys_path(config).exists():
+        return None
+    path = local_key_path(config)
+    key = create_key(keys_path(config), LOCAL_KEY_NAME)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return path
+
+
+def read_local_key(config: Config) -> str | None:
+    """The first-start key, for clients on this box (None when the file is absent or not ours to read)."""
+    try:
+        return local_key_path(config).read_text().strip() or None
+    except OSError:
+        return None
+
+
 def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()
 

@@ -28,7 +28,8 @@ import zmq
 
 from services.gateway.access import Gateway, RateLimit
 from services.gateway.app import create_app
-from services.gateway.keys import ApiKeys, keys_path
+from services.gateway.header_deadline import header_deadline_protocol
+from services.gateway.keys import LOCAL_KEY_NAME, ApiKeys, ensure_local_key, keys_path
 from services.gateway.upstream import Upstreams
 from shared.config import Config
 from shared.security import SecurityError, is_loopback
@@ -64,7 +65,7 @@ class GatewayService(Service):
         super().__init__(config, endpoint)
         cfg = config.gateway
         loopback = is_loopback(f"tcp://{_url_host(cfg.host)}:{cfg.port}")
-        keys = ApiKeys(keys_path(config))
+        keys = self._first_start_keys(config, loopback)
         if not loopback and not keys.present():
             raise SecurityError(f"gateway.host {cfg.host} is not loopback and {keys.path} holds no API key; "
                                 "make one with scripts/keys api-key NAME (or bind 127.0.0.1)")
@@ -75,7 +76,23 @@ class GatewayService(Service):
                                RateLimit(cfg.feedback_per_minute))
         self.server = uvicorn.Server(uvicorn.Config(
             create_app(self.gateway, self.workers.beat, self._count_http), log_config=None, access_log=False,
-            server_header=False, timeout_graceful_shutdown=config.runtime.drain_timeout_s, lifespan="on"))
+            http=header_deadline_protocol(cfg.header_timeout_s), server_header=False,
+            # uvicorn annotates an int, but only hands it to asyncio.timeout(), which takes seconds as a float
+            timeout_graceful_shutdown=config.runtime.drain_timeout_s,  # type: ignore[arg-type]
+            lifespan="on"))
+
+    def _first_start_keys(self, config: Config, loopback: bool) -> ApiKeys:
+        """The API keys, made now on a loopback first start unless keyless loopback is the explicit choice
+        (beyond loopback keys stay a deliberate step: scripts/keys api-key NAME)."""
+        if loopback and config.gateway.allow_keyless_loopback:
+            self.log.warning("gateway_keyless", why="gateway.allow_keyless_loopback: every local account on "
+                             "this box can call its tools until a key exists (scripts/keys api-key NAME)")
+        elif loopback:
+            made = ensure_local_key(config)
+            if made:
+                self.log.warning("api_key_created", path=str(made), name=LOCAL_KEY_NAME,
+                                 use="Authorization: Bearer $(cat PATH)")
+        return ApiKeys(keys_path(config))
 
     def _count_http(self, n: int) -> None:
         self._http_in_flight = n

@@ -71,7 +71,8 @@ class Engine:
     def __init__(self, cfg: EngineConfig, sessions_dir: Path | None = None,
                  core_lease: contextlib.AbstractContextManager | None = None):
         """``sessions_dir``: where sessions are saved on drain (None: not saved, e.g. a draft model).
-        ``core_lease``: held around every ``llama_decode`` (``shared.cores``; None: nothing to share with)."""
+        ``core_lease``: held around every ``llama_decode`` (``shared.cores``; None: nothing to share with); a
+        decode that cannot get it in time raises ``LeaseTimeout``, which fails its batch's requests ``busy``."""
         init_backend()
         self.core_lease = core_lease or contextlib.nullcontext()
         path = cfg.resolved_model_path()
@@ -86,7 +87,7 @@ class Engine:
         self.cfg = cfg
         self.sessions_dir = sessions_dir
         self.warmed = False
-        self._batch = None
+        self._batch: llama_cpp.llama_batch | None = None
         self._open_context()
         self.draft_acceptance = MatchAcceptance()  # measured by the scheduler, where sessions' estimates start
         self.drafter = (DraftModel(Engine(self._draft_config(cfg), core_lease=self.core_lease), self.n_vocab)
@@ -241,7 +242,8 @@ class Engine:
             first_logit = len(tokens) - n_logits
             for i, tok in enumerate(tokens):
                 batch.token[n] = tok
-                batch.pos[n] = pos0 + i
+                # llama_cpp annotates pos as an array of arrays; its field is POINTER(llama_pos), one int a token
+                batch.pos[n] = pos0 + i  # type: ignore[call-overload]
                 batch.n_seq_id[n] = 1
                 batch.seq_id[n][0] = seq_id
                 batch.logits[n] = i >= first_logit

@@ -13,11 +13,14 @@ from __future__ import annotations
 import queue
 import threading
 from collections import Counter
-from typing import Any
+from functools import partial
+from typing import Any, cast
 
 import zmq
 
+from shared.metrics import InferenceMetrics
 from shared.protocol import ErrorCode, ProtocolError
+from shared.security import session_ref
 from shared.service import Answer, Job, Service
 from services.inference.control import EngineControl
 from services.inference.engine import settings_id
@@ -98,8 +101,8 @@ class Handover:
             if isinstance(item, GenerationRequest):
                 self.scheduler.submit(item)
             elif item.request.type in self.control.handlers:
-                self.scheduler.submit(Control(lambda job=item: self._run_control(job),
-                                              lambda job=item: self.control.needs_drain(job.request)))
+                self.scheduler.submit(Control(partial(self._run_control, item),
+                                              partial(self.control.needs_drain, item.request)))
             else:
                 self._service.run_job(item, self._out)
 
@@ -129,8 +132,9 @@ class Outlet:
         req, service = self.job.request, self._service
         result["settings_id"] = settings_id(self._handover.control.settings())
         stats = {k: v for k, v in result.items() if k not in ("text", "message")}
-        service.log.info(req.type, session=req.session, request_id=req.id, **stats)
-        service.metrics.observe_generation(result)
+        service.log.info(req.type, session=session_ref(req.session), request_id=req.id, **stats)
+        # metrics_for() made InferenceMetrics for the service that answers generate, the one this outlet serves
+        cast(InferenceMetrics, service.metrics).observe_generation(result)
         self._handover.answer(self.job).send("ok", result)
         service.telemetry.report(dict(stats, type="generation", session=req.session, ok=True))
 

@@ -45,11 +45,12 @@ import enum
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, TypedDict
 
 import structlog
 
 from shared.config import EngineConfig
+from shared.cores import LeaseTimeout
 from shared.protocol import ErrorCode, ProtocolError
 from services.inference.drafting import DraftLength, NgramIndex
 from services.inference.engine import Engine
@@ -189,14 +190,27 @@ def fair_shares(needs: list[int], budget: int) -> list[int]:
     return shares
 
 
+class Counters(TypedDict):
+    """The scheduler's figures (``Scheduler.describe``)."""
+
+    steps: int
+    mixed_steps: int
+    max_batch_seen: int
+    shared_prefix_tokens: int
+    decode_s: float
+    waiting: int
+    prefill: int
+    decode: int
+
+
 class Scheduler:
-    def __init__(self, models: ModelPool, log: Any):
+    def __init__(self, models: ModelPool[Engine], log: Any):
         self.models = models
         self.log = log
         self.queue: deque[Task | Control] = deque()  # arrival order: WAITING tasks and control messages
         self.running: list[Task] = []  # PREFILL and DECODE tasks
         #: Read by health from the I/O thread, so only ints, set by this loop (never iterate the queues there).
-        self.counters = {"steps": 0, "mixed_steps": 0, "max_batch_seen": 0, "shared_prefix_tokens": 0,
+        self.counters: Counters = {"steps": 0, "mixed_steps": 0, "max_batch_seen": 0, "shared_prefix_tokens": 0,
                          "decode_s": 0.0, "waiting": 0, "prefill": 0, "decode": 0}
 
     @property
@@ -206,7 +220,7 @@ class Scheduler:
     def submit(self, item: GenerationRequest | Control) -> None:
         self.queue.append(Task(item) if isinstance(item, GenerationRequest) else item)
 
-    def describe(self) -> dict[str, int]:
+    def describe(self) -> Counters:
         """Steps so far (``mixed_steps``: with prompt chunks and decodes together; ``decode_s``: time inside
         llama_decode), the most generations decoded in one step, KV tokens copied between sequences, and how
         many tasks are in each state now."""
@@ -216,7 +230,10 @@ class Scheduler:
         """The loop: take new work (``intake(wait_s)``, which also beats the worker's heartbeat), admit, decode
         one batch per model; return once idle and ``should_stop()``."""
         for engine in self.models.engines.values():
-            engine.warm_up()  # on this thread, which runs every decode (see Engine.warm_up)
+            try:
+                engine.warm_up()  # on this thread, which runs every decode (see Engine.warm_up)
+            except LeaseTimeout as exc:  # another process holds the cores: a request warms it up later (_start)
+                self.log.warning("warm_up_postponed", error=exc.message)
         while True:
             intake(0.0 if self.running else 0.2)
             if not self.busy and should_stop():
@@ -247,8 +264,8 @@ class Scheduler:
         for engine in {id(t.engine): t.engine for t in self.running}.values():
             self._step(engine, [t for t in self.running if t.engine is engine])
         states = [t.state for t in self.running]
-        self.counters.update(waiting=sum(isinstance(i, Task) for i in self.queue),
-                             prefill=states.count(State.PREFILL), decode=states.count(State.DECODE))
+        self.counters.update({"waiting": sum(isinstance(i, Task) for i in self.queue),
+                              "prefill": states.count(State.PREFILL), "decode": states.count(State.DECODE)})
         pause_ms = self.models.cfg.decode_pause_ms
         if pause_ms and self.running:
             time.sleep(pause_ms / 1000)
@@ -265,7 +282,7 @@ class Scheduler:
     def _admit(self) -> None:
         """Start what can start, in arrival order; a request of a session waits behind that session's earlier
         one, and nothing passes a control message that waits for the generations to drain."""
-        held_sessions: set[str | None] = set()
+        held_sessions: set[tuple[str, str] | None] = set()
         waited = False
         for item in list(self.queue):
             if isinstance(item, Control):

@@ -12,8 +12,10 @@ Three kinds of work, on three kinds of thread, like llama.cpp's server (HTTP thr
   (``session_store.py``) and comes back on the session's next request after the restart.
 
 Who owns a request (``owner``) decides whose KV it may reuse: the CURVE identity of its peer, or the local
-account, refined by the ``owner`` a relaying peer names (the gateway: the API key's name). Each client (that
-owner, else the connection) has at most ``runtime.max_generations_per_client`` generations in flight.
+account, refined by the ``owner`` a relaying peer names (the gateway: the API key's name, or one name for all
+keyless callers; the service loop takes it only from a peer that may send privileged messages). Each client
+(that owner, else the connection) has at most ``runtime.max_generations_per_client`` generations in flight, so
+the gateway's callers, which borrow pooled connections, are counted by who they are.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from shared.config import SERVICE_NAMES, WATCHDOG_NAME, Config
 from shared.protocol import ErrorCode, ProtocolError, Request
-from shared.security import private_dir
+from shared.security import private_dir, session_ref
 from shared.service import Emitter, Service
 from shared.telemetry import NullTelemetry, Telemetry, validate_sample, validate_system
 from services.optimizer import strategy as strategy_file
@@ -63,8 +63,8 @@ class OptimizerService(Service):
         settings_id = self.tuner.outcome(bool(b["success"]))
         row_id = self.feedback.add(b["session_id"], bool(b["success"]), b.get("error_reason"), b.get("details"),
                                    settings_id)  # committed (and fsynced) before the ack is sent
-        self.log.info("feedback", session=b["session_id"], success=b["success"], id=row_id, settings_id=settings_id,
-                      error_reason=(b.get("error_reason") or "")[:200])
+        self.log.info("feedback", session=session_ref(b["session_id"]), success=b["success"], id=row_id,
+                      settings_id=settings_id, error_reason=(b.get("error_reason") or "")[:200])
         return {"id": row_id, "durable": True, "queued_for": "optimizer", "settings_id": settings_id}
 
     def _stats(self, req: Request, emit: Emitter) -> dict:

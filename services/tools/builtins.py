@@ -5,12 +5,14 @@ bounds every number it builds, the file reader reads at most a capped number of
 bytes from a regular file under a configured root, and memory search is one
 request with a timeout. The file reader runs unsandboxed, so it hides what the
 sandbox hides (``jail.private_paths``) by the same rule: a root shows the data
-directory, keys, sockets and databases only when it was declared inside them.
+directory, keys, sockets and databases only when it was declared inside them;
+and /proc, /sys and /dev (``jail.KERNEL_PATHS``) never.
 """
 
 from __future__ import annotations
 
 import ast
+import errno
 import math
 import operator
 import os
@@ -19,8 +21,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from shared.client import Client, ServiceError
+from services.tools import beneath
 from services.tools.errors import tool_failed
-from services.tools.jail import private_paths, shown_from_outside
+from services.tools.jail import KERNEL_PATHS, private_paths, shown_from_outside, under
 from shared.config import Config
 from shared.protocol import ErrorCode
 
@@ -62,7 +65,7 @@ _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow,
     ast.BitXor: operator.pow,  # models write 2^10 for a power; nobody asks a calculator for xor
 }
-_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
+_UNARY: dict[type, Callable[[Any], Any]] = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 _FUNCTIONS: dict[str, Callable[..., Any]] = {
     "sqrt": math.sqrt, "abs": abs, "round": round, "min": min, "max": max, "floor": math.floor,
     "ceil": math.ceil, "log": math.log, "log10": math.log10, "exp": math.exp, "sin": math.sin,
@@ -116,28 +119,38 @@ def calculate(expression: str) -> str:
 
 
 # --- file_reader -------------------------------------------------------------------------------
+#: Why ``beneath.open_beneath`` failed, for the refusal (errno to the words after the path).
+_OPEN_REFUSALS = {
+    errno.ENOENT: "no such file",
+    errno.ENOTDIR: "a component of the path is not a directory",
+    errno.ELOOP: "the path is or passes through a symlink, and file_reader follows none",
+    errno.EXDEV: "the path leads outside its root",
+    errno.EACCES: "permission denied",
+    errno.ENXIO: "not a regular file",
+    errno.ENAMETOOLONG: "the name is too long",
+}
+
+
 def read_file(path_text: str, roots: list[Path], max_file_bytes: int, private: list[Path]) -> str:
-    """Read a regular file that really lies under a root and in no ``private`` path the roots show: no ``..``,
-    no symlink out, no devices, capped size."""
+    """Read a regular file under a root, opened beneath the root's directory fd with no symlink followed in any
+    component (``beneath``: checking a resolved path and then opening it races a swap), never in /proc, /sys,
+    /dev or a ``private`` path the roots show; capped size. Every refusal is a typed ``refused``."""
     if not roots:
         raise tool_failed("refused", "file_reader has no configured roots (agent.file_roots)")
+    if "\0" in path_text:  # the kernel would read the name only up to it
+        raise tool_failed("refused", f"path {path_text!r} contains a NUL byte")
     path = Path(path_text)
     if ".." in path.parts:
         raise tool_failed("refused", f"path {path_text!r} contains '..'")
     real_roots = [Path(os.path.realpath(r)) for r in roots]
-    candidate = path if path.is_absolute() else real_roots[0] / path
-    real = Path(os.path.realpath(candidate))
-    if not any(real == r or r in real.parents for r in real_roots):
-        raise tool_failed("refused", f"path {path_text!r} is outside the allowed roots")
-    if any((real == p or p in real.parents) and shown_from_outside(p, real_roots) for p in private):
+    root, rel = _locate(path, roots, real_roots)
+    target = root / rel  # the file's real path: the open follows no symlink and no '..'
+    if any(under(target, k) for k in KERNEL_PATHS):
+        raise tool_failed("refused", f"path {path_text!r} is in /proc, /sys or /dev, which file_reader never reads")
+    if any(under(target, p) and shown_from_outside(p, real_roots) for p in private):
         raise tool_failed("refused", f"path {path_text!r} is in Magnitude's private data (data directory, keys, "
                                      "sockets, databases)")
-    try:
-        # O_NOFOLLOW: the path was resolved, so a symlink here means it changed under us;
-        # O_NONBLOCK: opening a FIFO must not hang.
-        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise tool_failed("refused", f"cannot open {path_text!r}: {exc.strerror}")
+    fd = _open(root, rel, path_text)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
@@ -145,9 +158,39 @@ def read_file(path_text: str, roots: list[Path], max_file_bytes: int, private: l
         if st.st_size > max_file_bytes:
             raise tool_failed("refused", f"{path_text!r} is {st.st_size} bytes; the limit is {max_file_bytes}")
         data = os.read(fd, max_file_bytes)
+    except OSError as exc:
+        raise tool_failed("refused", f"cannot read {path_text!r}: {exc.strerror}")
     finally:
         os.close(fd)
     return data.decode("utf-8", errors="replace")
+
+
+def _locate(path: Path, roots: list[Path], real_roots: list[Path]) -> tuple[Path, Path]:
+    """The real root a path lies under and the path relative to it: a relative path is the first root's."""
+    if not path.is_absolute():
+        return real_roots[0], path
+    for given, real in zip(roots, real_roots):
+        for form in (Path(os.path.abspath(given)), real):
+            if under(path, form):
+                return real, path.relative_to(form)
+    raise tool_failed("refused", f"path {str(path)!r} is outside the allowed roots")
+
+
+def _open(root: Path, rel: Path, path_text: str) -> int:
+    """The file's fd, opened beneath ``root``; O_NONBLOCK: opening a FIFO must not hang."""
+    try:
+        root_fd = os.open(root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise tool_failed("refused", f"cannot open the root of {path_text!r}: {exc.strerror}")
+    try:
+        return beneath.open_beneath(root_fd, str(rel), os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise tool_failed("refused", f"cannot open {path_text!r}: "
+                                     f"{_OPEN_REFUSALS.get(exc.errno or 0, exc.strerror)}")
+    except ValueError:  # a name the file system cannot encode (a lone surrogate)
+        raise tool_failed("refused", f"path {path_text!r} is not a valid file name")
+    finally:
+        os.close(root_fd)
 
 
 # --- memory_search -----------------------------------------------------------------------------

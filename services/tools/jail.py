@@ -7,9 +7,12 @@ for a python tool its import path), and an empty /tmp. The data directory, the
 CURVE keys, the ipc sockets and the databases are covered by empty mounts
 wherever they would otherwise show, so a tool reads none of them even when a
 root contains them (a root *inside* the data directory stays visible: it was
-declared). Without ``network: true`` the tool has no network at all. bwrap
-runs with ``--die-with-parent`` and is the PID namespace's init, so killing it
-kills everything the tool started, ``setsid`` and double forks included.
+declared). /proc, /sys and /dev are the sandbox's own (its PID namespace's
+/proc, a minimal /dev, an empty /sys) even under a root "/": the host's would
+show the service's environment (MCP header secrets) and shared memory. Without
+``network: true`` the tool has no network at all. bwrap runs with
+``--die-with-parent`` and is the PID namespace's init, so killing it kills
+everything the tool started, ``setsid`` and double forks included.
 
 When the service runs as root, the sandboxed child drops to ``agent.tool_uid``
 (nobody by default) before it runs the tool: a tool is never root, so
@@ -50,7 +53,12 @@ def _real(path: str | Path) -> Path:
     return Path(os.path.realpath(path))
 
 
-def _under(path: Path, parent: Path) -> bool:
+#: Kernel interfaces no tool reads, whatever its roots: the service's /proc/self/environ holds MCP header secrets,
+#: /proc/PID/mem any process's memory, /dev/shm the prompts in flight. A sandbox gets its own instead.
+KERNEL_PATHS = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+
+def under(path: Path, parent: Path) -> bool:
     return path == parent or parent in path.parents
 
 
@@ -65,7 +73,7 @@ def private_paths(config: Config) -> list[Path]:
 
 def shown_from_outside(path: Path, roots: list[Path]) -> bool:
     """Whether one of ``roots`` shows ``path`` without being declared inside it: then ``path`` is covered."""
-    return any(_under(path, r) and not _under(r, path) for r in roots)
+    return any(under(path, r) and not under(r, path) for r in roots)
 
 
 def _namespace_flags(network: bool) -> list[str]:
@@ -165,12 +173,12 @@ class Jail:
         args += [*self.proc, "--dev", "/dev", *_private_tmp(tmp_mb)]
         bound = [Path(p) for p in _SYSTEM_DIRS]
         args += self._binds(visible, bound)
-        args += self._masks(lambda path: any(_under(path, b) for b in bound))
+        args += self._masks(lambda path: any(under(path, b) for b in bound))
         real_roots = [_real(r) for r in roots if os.path.exists(r)]
         args += self._binds(real_roots, bound)
         # A root that contains a private path shows it only when the root was declared inside it.
         args += self._masks(lambda path: shown_from_outside(path, real_roots))
-        return args + ["--", *child]
+        return args + self._kernel_covers(real_roots) + ["--", *child]
 
     @staticmethod
     def _binds(paths: list[Path], bound: list[Path]) -> list[str]:
@@ -178,14 +186,21 @@ class Jail:
         (bwrap would create them 0700, closed to the tool's uid)."""
         args: list[str] = []
         for path in sorted({_real(p) for p in paths if os.path.exists(p)}, key=lambda p: len(p.parts)):
-            if any(_under(path, b) for b in bound):
+            if any(under(path, b) for b in bound):
                 continue
             for parent in reversed(path.parents):  # --dir leaves an existing folder as it is
-                if parent != Path("/") and not any(_under(parent, Path(s)) for s in _SYSTEM_DIRS):
+                if parent != Path("/") and not any(under(parent, Path(s)) for s in _SYSTEM_DIRS):
                     args += ["--dir", str(parent)]
             args += ["--ro-bind", str(path), str(path)]
             bound.append(path)
         return args
+
+    def _kernel_covers(self, roots: list[Path]) -> list[str]:
+        """The sandbox's own /proc, /dev and an empty /sys over the host's that a root shows (root "/") or lies in
+        (bwrap binds recursively, so a bound "/" brings the host's /proc with it)."""
+        cover = {"/proc": list(self.proc), "/dev": ["--dev", "/dev"], "/sys": ["--tmpfs", "/sys"]}
+        return [arg for path in KERNEL_PATHS if any(under(path, r) or under(r, path) for r in roots)
+                for arg in cover[str(path)]]
 
     def _masks(self, shown: Callable[[Path], bool]) -> list[str]:
         """Cover each existing private path that ``shown`` says the binds so far would show."""

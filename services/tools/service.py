@@ -26,7 +26,9 @@ from services.tools.jail import Jail
 from shared import shm
 from shared.config import Config, SandboxLimits, ToolConfig
 from shared.protocol import ErrorCode, ProtocolError, Request
+from shared.security import session_ref
 from shared.service import Emitter, Service
+from shared.text import cap_text
 
 
 @dataclass
@@ -40,15 +42,6 @@ class _Tool:
     def describe(self) -> dict[str, Any]:
         return {"name": self.config.name, "kind": self.config.kind, "description": self.description,
                 "parameters": self.schema}
-
-
-def cap_text(text: str, cap: int) -> tuple[str, bool]:
-    """At most ``cap`` bytes of ``text``, with a note saying it was cut."""
-    data = text.encode()
-    if len(data) <= cap:
-        return text, False
-    kept = data[:cap].decode("utf-8", errors="ignore")
-    return f"{kept}\n[output truncated: {len(data)} bytes, kept the first {cap}]", True
 
 
 def shell_argv(template: str, args: dict[str, Any]) -> list[str]:
@@ -153,11 +146,11 @@ class ToolService(Service):
                 output, truncated = cap_text(self.mcp.call(mcp_tool, args),
                                              self.mcp.servers[mcp_tool.server].limits.max_output_bytes)
         except ProtocolError as err:
-            self.log.warning("tool_failed", tool=name, session=req.session, error=err.message,
+            self.log.warning("tool_failed", tool=name, session=session_ref(req.session), error=err.message,
                              ms=round((time.monotonic() - started) * 1000, 1))
             raise
         elapsed_ms = round((time.monotonic() - started) * 1000, 1)
-        self.log.info("tool_call", tool=name, session=req.session, ms=elapsed_ms, bytes=len(output),
+        self.log.info("tool_call", tool=name, session=session_ref(req.session), ms=elapsed_ms, bytes=len(output),
                       truncated=truncated)
         reply: dict[str, Any] = {"tool": name, "truncated": truncated, "elapsed_ms": elapsed_ms}
         encoded = output.encode()

@@ -2,15 +2,18 @@
 
 A stdio server is a command the tool service starts confined like a python/shell tool (bubblewrap
 where it works, rlimits always); a streamable HTTP server is a URL, with headers whose ``${VAR}``
-parts come from the service's environment, so keys stay out of the YAML.
+parts come from the service's environment, so keys stay out of the YAML (and are refused for a plain
+``http://`` URL beyond loopback unless ``allow_plain_http_secrets``).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, model_validator
 
@@ -33,6 +36,8 @@ class McpServerConfig(Section):
     url: str | None = Field(None, pattern=r"^https?://", description="streamable HTTP: the server's endpoint")
     headers: dict[str, str] = Field(default_factory=dict, description="streamable HTTP: sent with every request; "
                                                                       "${VAR} is the service's environment VAR")
+    allow_plain_http_secrets: bool = Field(False, description="streamable HTTP: send ${VAR} header secrets to an "
+                                                              "http:// URL beyond loopback (in clear on the wire)")
     limits: dict[str, Any] = Field(default_factory=dict, description="overrides of agent.sandbox: timeout_s "
                                                                      "and max_output_bytes per call; memory_mb, "
                                                                      "cpu_s (over the process's life, default "
@@ -53,7 +58,21 @@ class McpServerConfig(Section):
             raise ValueError(f"MCP server {self.name!r}: env, roots and network are for a stdio server")
         if self.command and self.headers:
             raise ValueError(f"MCP server {self.name!r}: headers are for a streamable HTTP server")
+        if self._secrets_in_clear() and not self.allow_plain_http_secrets:
+            raise ValueError(f"MCP server {self.name!r}: its headers carry ${{VAR}} secrets and {self.url} is plain "
+                             "http:// beyond loopback, so they would cross the network in clear: use https://, or "
+                             "set allow_plain_http_secrets: true for this server")
         return self
+
+    def _secrets_in_clear(self) -> bool:
+        """Secret headers for a plain-HTTP server off this box (loopback traffic never leaves it)."""
+        if not (self.url or "").startswith("http://") or not any(_ENV_REF.search(v) for v in self.headers.values()):
+            return False
+        host = urlsplit(self.url).hostname or ""
+        try:
+            return not ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return host != "localhost"
 
     @property
     def transport(self) -> Literal["stdio", "http"]:

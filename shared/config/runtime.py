@@ -33,7 +33,15 @@ class RuntimeConfig(Section):
                                   "tool timeout)")
     drain_timeout_s: float = Field(60.0, gt=0, le=3600, description="on SIGTERM a service finishes what it "
                                    "accepted (inference: and saves its sessions) for at most this long")
+    core_lease_wait_s: float = Field(30.0, gt=0, le=3600, description="a llama.cpp computation waits this long "
+                                     "for the cores (shared/cores.py) while another process holds them, then "
+                                     "fails its request 'busy' naming the holder's pid; keep it under "
+                                     "worker_stall_s")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_max_bytes: int = Field(10 << 20, ge=4096, le=1 << 40, description="a service's log file (run_dir/NAME.log) "
+                               "past this is renamed NAME.log.1 and a new one started")
+    log_backups: int = Field(3, ge=0, le=100, description="rotated log files kept per service (NAME.log.1 is the "
+                             "newest); older ones are deleted")
     curve: bool = Field(False, description="require CURVE auth on every tcp endpoint, loopback too "
                                            "(always required beyond loopback)")
     keys_dir: Path | None = Field(None, description="CURVE keys from scripts/keys; default data_dir/keys")
@@ -78,6 +86,10 @@ class MetricsConfig(Section):
     host: str = Field("127.0.0.1", min_length=1,
                       description="address the HTTP endpoints bind; they have no auth, so keep it loopback "
                                   "unless the network is private")
+    allowed_hosts: list[Annotated[str, Field(min_length=1, max_length=253)]] = Field(
+        default_factory=list, description="names a scrape's Host header may carry besides localhost, 127.0.0.1, "
+                                          "::1 and metrics.host; others answer 400 (a web page re-pointing its "
+                                          "own name at this box by DNS rebinding still sends its own); '*' allows any")
     base_port: int = Field(9464, ge=0, le=65536 - len(SERVICE_NAMES),
                            description="service i in SERVICE_NAMES order gets base_port + i; "
                                        "0 = an ephemeral port each (health's metrics_url says which)")

@@ -79,7 +79,7 @@ class Service:
                                    uptime_s=lambda: time.monotonic() - self.workers.started)
         #: Answered by the loop itself, never queued behind real work.
         self._inline: dict[str, Callable[[], dict]] = {"health": self.health, "metrics": self.metrics.exposition}
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._reply_inproc = f"inproc://replies-{uuid.uuid4().hex}"  # one per Service: several may share a process
         self._threads: list[threading.Thread] = []
         self._curve: CurveServer | None = None
@@ -199,7 +199,8 @@ class Service:
         if not cfg.enabled:
             return
         try:
-            self.log.info("metrics_serving", url=self.metrics.serve_http(cfg.host, cfg.port(self.name)))
+            self.log.info("metrics_serving", url=self.metrics.serve_http(cfg.host, cfg.port(self.name),
+                                                                         cfg.allowed_hosts))
         except OSError as err:
             self.log.warning("metrics_http_failed", host=cfg.host, port=cfg.port(self.name), error=str(err))
 
@@ -298,12 +299,14 @@ class Service:
             self._account(INVALID_TYPE, received_at, err.code)
             frontend.send_multipart(header + [encode_error(err.request_id, err.code, err.message)])
             return
-        if MESSAGES[req.type].privileged and not self._peers_authenticated:
+        spec = MESSAGES[req.type]
+        if spec.needs_trusted_peer(req.body) and not self._peers_authenticated:
             self.log.warning("unauthorized", type=req.type, endpoint=self.endpoint)
             self._account(req.type, received_at, ErrorCode.UNAUTHORIZED)
+            what = "changes the box" if spec.privileged else "names an owner (speaks for another client)"
             frontend.send_multipart(header + [encode_error(
-                req.id, ErrorCode.UNAUTHORIZED, f"{req.type} changes the box: on a tcp endpoint it needs a "
-                "CURVE-authenticated client (runtime.curve: true and keys from scripts/keys), or use the ipc socket")])
+                req.id, ErrorCode.UNAUTHORIZED, f"{req.type} {what}: on a tcp endpoint it needs a CURVE-authenticated "
+                "client (runtime.curve: true and keys from scripts/keys), or use the ipc socket")])
             return
         if req.type == "cancel":
             cancelled = self.retries.cancel((req.session, req.body["id"]))
