@@ -127,5 +127,6 @@ def serve(config: Config, http_port: int | None, host: str) -> int:
     app = mcp.streamable_http_app(host=host, transport_security=None if host in LOOPBACK_NAMES else
                                   TransportSecuritySettings(enable_dns_rebinding_protection=False))
     log.info("mcp_serving", url=f"http://{host}:{http_port}/mcp", auth="api_keys" if keys.present() else "none")
-    uvicorn.run(_guarded(app, keys, keyless), host=host, port=http_port, log_level="warning")
+    uvicorn.run(_guarded(app, keys, keyless), host=host, port=http_port, log_level="warning",
+                log_config=None)  # its records go through our JSON pipeline, tracebacks capped (shared/logs.py)
     return 0

@@ -39,7 +39,7 @@ _BY_CODE = {
     ErrorCode.TIMEOUT: _Status(504, "timeout_error"),
     ErrorCode.CANCELLED: _Status(499, "client_closed_request"),  # the client went away (nginx's status)
     ErrorCode.UNKNOWN_TYPE: _Status(501, "not_implemented_error"),  # the service behind is older than the gateway
-    ErrorCode.UNAUTHORIZED: _Status(502, "upstream_error"),  # the gateway's own CURVE key was refused
+    ErrorCode.UNAUTHORIZED: _Status(502, "upstream_error"),  # the gateway's CURVE key, or the owner it named, refused
     ErrorCode.BAD_FRAME: _Status(502, "upstream_error"),
     ErrorCode.BAD_VERSION: _Status(502, "upstream_error"),
 }
