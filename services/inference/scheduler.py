@@ -35,7 +35,7 @@ or a tool-call shape), who owns it and its session, and callbacks: ``on_text(pie
 ``on_done(result)`` with the text and its stats, ``on_error(exc)``, and ``cancelled()``, asked at every step
 (a cancelled request ends with a ``cancelled`` error and frees its slot at once). Tokens the constraint forces
 are decoded like drafts that cannot be rejected. The scheduler only runs generations; it never calls back into
-the service. The path of a request: ``shared/service.py`` (socket, queue) -> ``service.py`` and ``prepare.py``
+the service. The path of a request: ``shared/service/loop.py`` (socket, queue) -> ``service.py`` and ``prepare.py``
 (request -> ``GenerationRequest``) -> this file -> ``engine.py`` (``llama_decode``).
 """
 
