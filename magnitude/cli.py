@@ -36,6 +36,7 @@ def _stream_to_stdout(client: Client, prompt: str, session: str | None, **params
         if isinstance(piece, GenerateResult):
             result = piece
         else:
+            assert isinstance(piece, str)  # no retry is given, so no Restart comes
             sys.stdout.write(piece)
             sys.stdout.flush()
     print()

@@ -59,7 +59,8 @@ _MAGIC = b"MAG1"
 def _untrack(shm: shared_memory.SharedMemory) -> None:
     """Stop Python's resource tracker from unlinking a segment we hand to someone else."""
     try:
-        resource_tracker.unregister(shm._name, "shared_memory")  # noqa: SLF001 - no public API on 3.11
+        # No public API on 3.11; typeshed omits the private _name (the name with its leading slash, as registered)
+        resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]  # noqa: SLF001
     except Exception:
         pass
 
@@ -127,7 +128,7 @@ def put_bytes(data: bytes, pool: "ShmPool | None" = None, session: str | None = 
     shm = _create(_HEADER.size + len(data))
     _HEADER.pack_into(shm.buf, 0, _MAGIC, key, session is not None, _session_digest(session), len(data))
     shm.buf[_HEADER.size: _HEADER.size + len(data)] = data
-    handle = {"name": shm.name, "size": len(data), "kind": "bytes", "key": key.hex()}
+    handle: dict[str, Any] = {"name": shm.name, "size": len(data), "kind": "bytes", "key": key.hex()}
     shm.close()
     if pool is not None:
         pool.track(handle["name"])
@@ -163,7 +164,7 @@ def sweep_orphans() -> list[str]:
 
     Anyone can create files in /dev/shm: a name not in our exact format, or a file of another uid, is not
     ours to judge, and one that vanishes or cannot be read while we look is skipped."""
-    removed = []
+    removed: list[str] = []
     if not _SHM_DIR.is_dir():
         return removed
     uid = os.geteuid()

@@ -116,7 +116,7 @@ class Telemetry:
         self.curve = curve  # (keys_dir, client key name) when the optimizer's endpoint requires CURVE
         self._buffer: deque[dict] = deque(maxlen=_BUFFER_SAMPLES)
         self._lock = threading.Lock()
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self._process = psutil.Process()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

@@ -91,7 +91,7 @@ class BuiltPrompt:
     dropped_memories: int = 0  # memories that did not fit their share
 
 
-def translate(build: Generator, answer: Callable[[Any], Generator]) -> Generator:
+def translate(build: Generator, answer: Callable[[Any], Generator[Any, Any, Any]]) -> Generator:
     """Run ``build``, answering each of its operations with ``yield from answer(op)``; its return value.
 
     The agent answers the budget's operations with service requests this way, staying sans-I/O itself.
@@ -239,7 +239,8 @@ class ContextManager:
     def _newest_that_fit(self, turns: list[Turn], limit: int, hard_limit: int) -> Generator[Operation, Any, list[Turn]]:
         """Newest turns within ``limit``, extended back to the call of a leading tool result while they stay
         within ``hard_limit`` (a result without its call reads as noise); at least the newest turn."""
-        kept, used = [], 0
+        kept: list[Turn] = []
+        used = 0
         for turn in reversed(turns):
             cost = yield from self._cost([turn])
             if kept and (used + cost > hard_limit or (used + cost > limit and kept[-1].role != "tool")):

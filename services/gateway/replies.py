@@ -76,6 +76,10 @@ class Shape:
         return {"id": self.id, "created": self.created, "model": final.get("model") or self.model,
                 "system_fingerprint": final.get("settings_id")}
 
+    def result(self, final: dict[str, Any]) -> BaseModel:
+        """The whole result of a request that does not stream."""
+        raise NotImplementedError
+
     # --- streams -------------------------------------------------------------------------
     def opening(self) -> list[BaseModel]:
         """Chunks sent before the first token."""

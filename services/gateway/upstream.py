@@ -12,7 +12,7 @@ request. How many HTTP requests run at once is bounded before they get here
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 
 from services.gateway.errors import ApiError, bad_request, from_service_error
@@ -63,7 +63,7 @@ class Upstreams:
             return await client.request(msg_type, body, session)
 
     async def stream(self, service: str, msg_type: str, body: dict, session: str | None,
-                     deadline: float) -> AsyncIterator[Reply]:
+                     deadline: float) -> AsyncGenerator[Reply, None]:
         """Every reply frame of one streaming request (events, then the final one), each within the deadline."""
         with mapped_errors(msg_type):
             async with self.client(service) as client:
@@ -72,6 +72,7 @@ class Upstreams:
                     while True:
                         async with asyncio.timeout_at(deadline):
                             reply = await anext(frames)
+                        assert isinstance(reply, Reply)  # no retry is asked for, so no Restart comes
                         yield reply
                         if reply.final:
                             return

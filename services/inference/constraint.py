@@ -27,7 +27,7 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import llama_cpp
 import llguidance
@@ -60,7 +60,7 @@ def check_schema(schema: Any, what: str = "schema") -> None:
         raise _bad(f"{what} is not plain JSON") from None
     if size > MAX_SCHEMA_BYTES:
         raise _bad(f"{what} is over {MAX_SCHEMA_BYTES // 1024} KiB")
-    stack = [(schema, 1)]
+    stack: list[tuple[dict | list, int]] = [(schema, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_SCHEMA_DEPTH:
@@ -255,7 +255,7 @@ class LlamaGrammar:
     """llama.cpp's GBNF sampler behind the ``Constraint`` interface: for grammars llguidance cannot take.
     It checks one token cheaply, but a full mask walks the whole vocabulary through its grammar stacks."""
 
-    finished = False  # llama.cpp's grammar ends by allowing only EOS; the sampler then picks it
+    finished: Literal[False] = False  # llama.cpp's grammar ends by allowing only EOS; the sampler then picks it
 
     def __init__(self, model: _internals.LlamaModel, grammar: str):
         self._model = model
@@ -277,7 +277,8 @@ class LlamaGrammar:
         return []
 
     def allows(self, token: int) -> bool:
-        self._one[0].id, self._one[0].logit, self._one[0].p = token, 0.0, 0.0
+        # llama_cpp annotates id as a c_int32; ctypes stores the int in the struct field
+        self._one[0].id, self._one[0].logit, self._one[0].p = token, 0.0, 0.0  # type: ignore[assignment]
         self._one_array.size, self._one_array.selected = 1, -1
         llama_cpp.llama_sampler_apply(self._grammar, ctypes.byref(self._one_array))
         return math.isfinite(self._one[0].logit)

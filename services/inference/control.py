@@ -26,7 +26,7 @@ def session_key(req: Request) -> tuple[str, str] | None:
 class EngineControl:
     """Answers the messages that change or describe the engines."""
 
-    def __init__(self, config: Config, models: ModelPool, log: Any):
+    def __init__(self, config: Config, models: ModelPool[Engine], log: Any):
         self.config, self.models, self.log = config, models, log
         self.handlers = {"engine.configure": self.on_configure, "model.load": self.on_model_load,
                          "model.unload": self.on_model_unload, "model.switch": self.on_model_switch}

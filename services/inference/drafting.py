@@ -146,7 +146,7 @@ class MatchAcceptance:
     what paid on one workload (tool-call JSON repeats its short matches) need not on the next, and a wrong
     long draft costs up to two steps."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._by_n: dict[int, DraftLength] = {}
 
     @staticmethod

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Generic, Protocol, TypeVar
 
 from shared.config import EngineConfig
 from shared.protocol import ErrorCode, ProtocolError
@@ -25,18 +25,23 @@ DEFAULT_MODEL = "default"
 
 
 class ModelEngine(Protocol):
-    memory_bytes: int
+    @property
+    def memory_bytes(self) -> int: ...
 
     def busy(self) -> bool: ...
     def close(self) -> None: ...
 
 
-class ModelPool:
-    def __init__(self, cfg: EngineConfig, open_engine: Callable[[EngineConfig], ModelEngine]):
+#: The engines a pool holds: ``Engine`` in the service, fakes in tests.
+EngineT = TypeVar("EngineT", bound=ModelEngine)
+
+
+class ModelPool(Generic[EngineT]):
+    def __init__(self, cfg: EngineConfig, open_engine: Callable[[EngineConfig], EngineT]):
         self.cfg = cfg
         self._open = open_engine
         self.paths: dict[str, Path] = {DEFAULT_MODEL: cfg.resolved_model_path(), **cfg.models}
-        self.engines: OrderedDict[str, ModelEngine] = OrderedDict()  # least recently used first
+        self.engines: OrderedDict[str, EngineT] = OrderedDict()  # least recently used first
         self.default = DEFAULT_MODEL
         self.loads = 0  # models loaded since start (the first one included)
         self.budget_bytes = cfg.models_memory_mb * 2**20
@@ -58,7 +63,7 @@ class ModelPool:
     def used_bytes(self) -> int:
         return sum(e.memory_bytes for e in self.engines.values())
 
-    def get(self, name: str | None) -> tuple[ModelEngine, float]:
+    def get(self, name: str | None) -> tuple[EngineT, float]:
         """The engine of ``name`` (None = the default model) and the ms it took to load it (0 when resident)."""
         name = name or self.default
         self._known(name)
@@ -68,7 +73,7 @@ class ModelPool:
             return engine, 0.0
         return self._load(name)
 
-    def _load(self, name: str) -> tuple[ModelEngine, float]:
+    def _load(self, name: str) -> tuple[EngineT, float]:
         t0 = time.perf_counter()
         path = self.paths[name]
         if not path.is_file():
@@ -116,7 +121,7 @@ class ModelPool:
         self.default = name
         return ms
 
-    def reconfigure(self, cfg: EngineConfig, apply: Callable[[ModelEngine, EngineConfig], bool]) -> bool:
+    def reconfigure(self, cfg: EngineConfig, apply: Callable[[EngineT, EngineConfig], bool]) -> bool:
         """New settings for every resident model (and later loads); True if any context was rebuilt."""
         self.cfg = cfg
         return any([apply(engine, self._engine_config(name)) for name, engine in self.engines.items()])

@@ -26,7 +26,7 @@ from shared import shm
 from shared.config import Config
 from shared.protocol import MAX_STOP_CHARS, ErrorCode, ProtocolError, Request, decode_field
 from services.inference.chat import ChatModel, ChatTurn, prepare_turn
-from services.inference.constraint import Vocabulary, gbnf_constraint, vocabulary
+from services.inference.constraint import Constraint, LlamaGrammar, Vocabulary, gbnf_constraint, vocabulary
 from services.inference.engine import init_backend
 from services.inference.handover import Outlet
 from services.inference.models import ModelPool
@@ -130,7 +130,7 @@ class Preparer:
         on_text = outlet.event if body.get("stream") else None
         finish: Callable[[dict], dict] = lambda result: result
         text_out = (lambda text: on_text({"text": text})) if on_text else None
-        constraint = None
+        constraint: Constraint | LlamaGrammar | None = None
         if req.type == "chat":
             turn = lexicon.chat_turn(_with_messages(req, n_ctx), on_text)
             prompt, constraint, finish, text_out = turn.prompt, turn.constraint, turn.reply, turn.on_text

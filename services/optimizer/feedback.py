@@ -11,7 +11,7 @@ import json
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import apsw
 
@@ -61,8 +61,10 @@ class FeedbackStore:
             total, ok = self.db.execute("SELECT count(*), coalesce(sum(success), 0) FROM feedback").fetchone()
             reasons = self.db.execute("SELECT error_reason, count(*) AS n FROM feedback WHERE success = 0 "
                                       "GROUP BY error_reason ORDER BY n DESC LIMIT 5").fetchall()
-            per_strategy = self.db.execute("SELECT settings_id, coalesce(sum(success), 0), count(*) FROM feedback "
-                                           "GROUP BY settings_id ORDER BY count(*) DESC LIMIT 20").fetchall()
+            # apsw types a row as a tuple of any SQLite values; these are a settings id (or NULL) and two integers
+            per_strategy = cast("list[tuple[str | None, int, int]]", self.db.execute(
+                "SELECT settings_id, coalesce(sum(success), 0), count(*) FROM feedback "
+                "GROUP BY settings_id ORDER BY count(*) DESC LIMIT 20").fetchall())
         return {"total": total, "succeeded": ok, "failed": total - ok,
                 "top_errors": [{"reason": r, "count": n} for r, n in reasons],
                 "by_strategy": [{"settings_id": sid, "succeeded": s, "failed": n - s} for sid, s, n in per_strategy]}

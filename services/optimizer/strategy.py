@@ -14,14 +14,14 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared.config import TunableSettings, error_lines
 
-FORMAT = "magnitude-strategy"
-VERSION = 1
+FORMAT: Final = "magnitude-strategy"
+VERSION: Final = 1
 
 
 class _Strict(BaseModel):

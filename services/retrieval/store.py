@@ -24,7 +24,7 @@ import json
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import apsw
 import numpy as np
@@ -58,6 +58,11 @@ def _fts_query(text: str) -> str | None:
     """An FTS5 MATCH expression that ORs the text's words, each quoted so no input is FTS syntax."""
     words = re.findall(r"\w+", text.lower())
     return " OR ".join(f'"{w}"' for w in dict.fromkeys(words)) or None
+
+
+def _pairs(cursor: apsw.Cursor) -> list[tuple[Any, Any]]:
+    """The rows of a two-column query (apsw types a row as a tuple of any length)."""
+    return cast("list[tuple[Any, Any]]", cursor.fetchall())
 
 
 def _filter_sql(filter: dict[str, Any] | None) -> tuple[str, list[Any]]:
@@ -155,7 +160,7 @@ class MemoryStore:
                 "SELECT d.rowid, vec_distance_cosine(v.embedding, ?) AS dist FROM docs d "
                 f"JOIN vec_docs v ON v.rowid = d.rowid WHERE d.collection = ?{where} ORDER BY dist LIMIT ?",
                 (vector, collection, *params, n))
-        return dict(rows.fetchall())
+        return dict(_pairs(rows))
 
     def _keyword_hits(self, collection: str, text: str, n: int, filter: dict | None) -> dict[int, float]:
         """rowid -> BM25 relevance (higher is better) of the n best keyword matches."""
@@ -167,7 +172,7 @@ class MemoryStore:
             "SELECT f.rowid, -bm25(fts_docs) AS s FROM fts_docs f JOIN docs d ON d.rowid = f.rowid "
             f"WHERE fts_docs MATCH ? AND d.collection = ?{where} ORDER BY s DESC LIMIT ?",
             (match, collection, *params, n))
-        return dict(rows.fetchall())
+        return dict(_pairs(rows))
 
     def query(self, collection: str, vector: np.ndarray, k: int, filter: dict | None = None,
               keyword_text: str | None = None, keyword_weight: float = 0.3) -> list[dict]:
@@ -189,9 +194,9 @@ class MemoryStore:
             missing = [r for r in keyword if r not in distances]
             if missing:  # keyword-only candidates still need their cosine
                 marks = ",".join("?" * len(missing))
-                distances.update(self.db.execute(
+                distances.update(_pairs(self.db.execute(
                     f"SELECT rowid, vec_distance_cosine(embedding, ?) FROM vec_docs WHERE rowid IN ({marks})",
-                    (blob, *missing)).fetchall())
+                    (blob, *missing))))
             top = max(keyword.values(), default=0.0) or 1.0
             keyword = {r: s / top for r, s in keyword.items()}
             scores = {r: (1 - keyword_weight) * (1.0 - d) + keyword_weight * keyword.get(r, 0.0)
@@ -216,7 +221,7 @@ class MemoryStore:
 
     def stats(self, collection: str | None = None) -> dict:
         sql = "SELECT collection, count(*) FROM docs" + (" WHERE collection = ?" if collection else "")
-        counts = dict(self.db.execute(sql + " GROUP BY collection", (collection,) if collection else ()).fetchall())
+        counts = dict(_pairs(self.db.execute(sql + " GROUP BY collection", (collection,) if collection else ())))
         files = [self.path, self.path.with_name(self.path.name + "-wal")]
         return {"collections": counts, "documents": sum(counts.values()), "dim": self.dim,
                 "db_path": str(self.path), "db_bytes": sum(f.stat().st_size for f in files if f.exists())}

@@ -86,7 +86,7 @@ def result_text(result: CallToolResult) -> str:
     for block in result.content:
         if block.type == "text":
             parts.append(block.text)
-        elif block.type in ("image", "audio"):
+        elif block.type == "image" or block.type == "audio":
             parts.append(f"[{block.type}: {block.mime_type}, {len(block.data) * 3 // 4} bytes]")
         elif block.type == "resource" and hasattr(block.resource, "text"):
             parts.append(block.resource.text)

@@ -85,10 +85,11 @@ class _Knobs(Section):
 #: engine's own field, so engine.configure, strategy files and optimizer overrides validate alike.
 def _optional_knob(name: str) -> tuple[Any, Any]:
     engine_field = EngineConfig.model_fields[name]
-    kind = engine_field.annotation
+    kind: Any = engine_field.annotation  # a type expression, built on at run time
     if engine_field.metadata:  # the range (ge/le) applies to a given value, None stays allowed
         kind = Annotated[(kind, *engine_field.metadata)]
     return Optional[kind], Field(None, description=engine_field.description)
 
 
-TunableSettings = create_model("TunableSettings", __base__=_Knobs, **{name: _optional_knob(name) for name in KNOBS})
+_KNOB_FIELDS: dict[str, Any] = {name: _optional_knob(name) for name in KNOBS}
+TunableSettings = create_model("TunableSettings", __base__=_Knobs, **_KNOB_FIELDS)
