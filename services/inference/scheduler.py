@@ -51,7 +51,7 @@ import structlog
 
 from shared.config import EngineConfig
 from shared.cores import LeaseTimeout
-from shared.protocol import ErrorCode, ProtocolError
+from shared.protocol import DEFAULT_PRIORITY, ErrorCode, ProtocolError
 from services.inference.drafting import DraftLength, NgramIndex
 from services.inference.engine import Engine
 from services.inference.models import ModelPool
@@ -90,7 +90,8 @@ class GenerationRequest:
     params: GenerateParams
     on_done: Callable[[dict[str, Any]], None]
     on_error: Callable[[Exception], None]
-    owner: str = "local"  # whose KV it may reuse (sessions.py)
+    owner: str = "local"  # whose KV it may reuse (sessions.py), and whose fair share of slots it counts in
+    priority: str = DEFAULT_PRIORITY  # its class: shared.protocol.PRIORITIES, most urgent first
     session: str | None = None  # a session id of that owner
     model: str | None = None  # a model slot's name; None: the default model
     constraint: Constraint | LlamaGrammar | None = None
