@@ -41,14 +41,15 @@ class Generation(threading.Thread):
         self.service, self.prompt, self.params = service, prompt, params
         self.decoding = threading.Event()
         self.result: GenerateResult | None = None
-        self.ended = 0.0
+        self.first = self.ended = 0.0
 
     def run(self) -> None:
         with Client(self.service.endpoint, timeout_s=300) as c:
             for piece in c.generate_stream(self.prompt, None, temperature=0, cache_prompt=False, **self.params):
                 if isinstance(piece, GenerateResult):
                     self.result = piece
-                else:
+                elif not self.decoding.is_set():
+                    self.first = time.monotonic()
                     self.decoding.set()
         self.ended = time.monotonic()
 
@@ -110,6 +111,24 @@ def test_an_interactive_request_pauses_a_background_generation(service, uninterr
     assert answered < min(run.ended for run in runs)
     assert sum(run.result.stats["pauses"] for run in runs) == 1
     assert texts == uninterrupted
+
+
+def test_an_interactive_prompt_is_read_before_background_ones(service):
+    """Three background requests with long prompts are being read when an interactive one with a prompt as
+    long arrives: the prompt tokens of each step go to it first, so its first token comes before theirs."""
+    documents = [f"Sensor log {i}. " + " ".join(f"At {t} s sensor {i} read {(t * (i + 3)) % 101} units."
+                                              for t in range(60)) + "\nWhat was the highest reading?"
+                 for i in range(4)]
+    background = [Generation(service, doc, max_tokens=4, priority="background") for doc in documents[:3]]
+    for run in background:
+        run.start()
+    time.sleep(0.2)
+    interactive = Generation(service, documents[3], max_tokens=4, priority="interactive")
+    interactive.start()
+    finish([*background, interactive])
+    assert interactive.result.stats["prompt_tokens"] > 600
+    assert interactive.first < min(run.first for run in background), \
+        (interactive.first, [run.first for run in background])
 
 
 def test_within_a_class_one_key_takes_no_slot_from_another_at_its_share(service):

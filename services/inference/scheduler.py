@@ -11,13 +11,23 @@ prompt cannot stall them: while any generation decodes, prompts are read at most
 per step (when none does, a whole batch). Those prompt tokens
 go to prompts in every step whatever is decoding, so decodes cannot starve a prompt either, and they are shared
 out evenly between the prompts being read (a short follow-up step is not stuck behind a long document; equal
-chunks also suit llama.cpp's split of a batch into sub-batches). Drafts get what is left.
+chunks also suit llama.cpp's split of a batch into sub-batches), the most urgent class's first. Drafts get
+what is left.
 
 A request (``Task``) moves through these states:
 
     WAITING  -- a slot is free, its session's own slot is idle, no earlier control message holds it --> PREFILL
     PREFILL  -- its whole prompt has KV; the first token is sampled (TTFT) ----------------------------> DECODE
     DECODE   -- end of generation, a stop string or max_tokens: the reply goes, the slot becomes idle
+    DECODE   -- a more urgent request, or another owner short of its share, needs the slot: paused --> WAITING
+    WAITING  -- (paused) a slot is free: its KV is copied back, it decodes on where it stopped -----> DECODE
+
+**Priorities and fair shares** (docs/scheduler.md). Every request has a class (``priority``: interactive,
+normal, background) and an owner. A free slot goes to the most urgent class first, within it to the owner
+holding the fewest of its slots, then to the earliest. When every slot is busy, a waiting request pauses a
+decoding generation of a less urgent class, or of its own class whose owner holds two more of its slots
+(``_make_room``): the paused one's KV goes to RAM and it resumes later with the same tokens. A request counts
+one class more urgent for every ``engine.priority_aging_s`` since it arrived, so background work finishes.
 
 A WAITING request that shares a prefix with a prompt another slot is prefilling right now stays WAITING until
 that prefix is in, then copies its KV instead of computing it again. Where a request's KV comes from (its
@@ -440,7 +450,7 @@ class Scheduler:
         # Prompt tokens per step: a chunk while generations decode (their next token waits for this step),
         # the whole batch when nothing does (bigger sub-batches read the weights fewer times).
         prompt_budget = min(engine.cfg.prefill_chunk_size, budget - len(decoders)) if decoders else budget
-        chunks = fair_shares([len(t.prompt) - t.fed for t in prefills], prompt_budget)
+        chunks = self._prompt_chunks(prefills, prompt_budget)
         room = budget - len(decoders) - sum(chunks)
         plan: list[tuple[Task, list[int]]] = []
         for t in decoders:
@@ -483,6 +493,20 @@ class Scheduler:
                     self._decoded(t, tokens, first, len(decoders))
             except Exception as exc:  # a constraint or a callback failed: that request, not the step
                 self._fail(t, exc)
+
+    def _prompt_chunks(self, prefills: list[Task], budget: int) -> list[int]:
+        """How many of its prompt's tokens each prompt being read gets this step: the most urgent class's
+        prompts share the budget first (``fair_shares``), and what they leave goes to the next class, so an
+        interactive request's first token is not slowed by background documents being read."""
+        now = time.perf_counter()
+        ranks = [self._rank(t, now) for t in prefills]
+        chunks = [0] * len(prefills)
+        for rank in sorted(set(ranks)):
+            mine = [i for i, r in enumerate(ranks) if r == rank]
+            for i, n in zip(mine, fair_shares([len(prefills[i].prompt) - prefills[i].fed for i in mine], budget)):
+                chunks[i] = n
+                budget -= n
+        return chunks
 
     def _prefilled(self, t: Task, chunk: list[int], first: int) -> None:
         t.slot.tokens.extend(chunk)
