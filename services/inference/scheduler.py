@@ -389,6 +389,10 @@ class Scheduler:
         self.running.remove(t)
         self.queue.appendleft(t)
 
+    def _paused(self) -> bool:
+        """Whether a paused generation waits: it holds its model (``Engine.busy``) as a running one does."""
+        return any(isinstance(item, Task) and item.paused is not None for item in self.queue)
+
     def _resume(self, t: Task, engine: Engine) -> bool:
         if not engine.sessions.idle() and not self._make_room(t, engine):
             return False
@@ -404,7 +408,7 @@ class Scheduler:
         try:
             engine, load_ms = self.models.get(req.model)
         except ProtocolError as exc:
-            if exc.code == ErrorCode.BUSY and self.running:
+            if exc.code == ErrorCode.BUSY and (self.running or self._paused()):
                 return False  # every resident model is generating: one will finish
             return self._fail(task, exc)
         except FileNotFoundError as exc:
