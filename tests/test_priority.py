@@ -90,7 +90,7 @@ def test_another_keys_short_request_finishes_before_one_keys_long_generations(se
     pauses) and is answered before any of A's generations ends; A's paused one writes the same text."""
     runs = fill_every_slot(service, owner="key-a")
     sent = time.monotonic()
-    short, answered = short_request(service, owner="key-b")
+    _, answered = short_request(service, owner="key-b")
     texts = finish(runs)
     assert all(run.result.stats["completion_tokens"] == 250 for run in runs)
     assert answered < min(run.ended for run in runs)
