@@ -11,7 +11,7 @@ makes key ``local`` in keys_dir/local.key, mode 0600). Keyless loopback only wit
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
@@ -71,12 +71,14 @@ def build(config: Config) -> MCPServer:
 
     @mcp.tool()
     async def run_agent(goal: Annotated[str, Field(min_length=1, max_length=MAX_GOAL_CHARS)],
-                        max_iterations: Annotated[int | None, Field(ge=1, le=MAX_AGENT_ITERATIONS)] = None) -> dict[str, Any]:
+                        max_iterations: Annotated[int | None, Field(ge=1, le=MAX_AGENT_ITERATIONS)] = None,
+                        priority: Literal["interactive", "normal", "background"] = "normal") -> dict[str, Any]:
         """Run Magnitude's agent on a goal: it plans with the box's model and calls the box's tools, then
-        answers. Returns the answer, why the run stopped and the tool calls it made."""
+        answers. Returns the answer, why the run stopped and the tool calls it made. ``priority``: how urgent
+        its model steps are beside the box's other work (background work waits for interactive)."""
         agent = AsyncAgent(config, timeout_s=300.0)
         try:
-            trace = await agent.run(goal, max_iterations=max_iterations)
+            trace = await agent.run(goal, max_iterations=max_iterations, priority=priority)
         finally:
             agent.close()
         if trace.stopped == "error":

@@ -155,12 +155,12 @@ class MagnitudeBackend:
             self.clients.append(self.local.client)
         return self.local.client
 
-    def complete(self, agent: int, prompt: str, max_tokens: int, session: str | None = None) -> Sample:
-        """``session``: the session id (default: one per agent)."""
+    def complete(self, agent: int, prompt: str, max_tokens: int, session: str | None = None, **params) -> Sample:
+        """``session``: the session id (default: one per agent); ``params``: more request fields (priority)."""
         timer = Timer()
         result = None
         for piece in self._client().generate_stream(prompt, session or f"agent-{agent}", max_tokens=max_tokens,
-                                                    temperature=0):
+                                                    temperature=0, **params):
             if isinstance(piece, GenerateResult):
                 result = piece
             elif piece:
@@ -217,8 +217,9 @@ class ServerBackend:
             time.sleep(0.2)
         sys.exit("llama-server did not become healthy in 120 s")
 
-    def complete(self, agent: int, prompt: str, max_tokens: int, session: str | None = None) -> Sample:
-        """``session`` is Magnitude's business: here the agent's slot keeps its cache."""
+    def complete(self, agent: int, prompt: str, max_tokens: int, session: str | None = None, **params) -> Sample:
+        """``session`` is Magnitude's business: here the agent's slot keeps its cache; ``params`` (priority,
+        owner) too: llama-server has no priorities, so it serves without them."""
         body = json.dumps({"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "stream": True,
                            "cache_prompt": True, "id_slot": agent})
         timer = Timer()

@@ -39,7 +39,7 @@ from prometheus_client import (
     make_wsgi_app,
 )
 
-from shared.protocol import MESSAGES
+from shared.protocol import MESSAGES, PRIORITIES
 from shared.security import allowed_host_names, host_allowed
 
 PREFIX = "magnitude_"
@@ -151,11 +151,13 @@ class InferenceMetrics(ServiceMetrics):
 
     def __init__(self, service: str, pid: int, **gauges: Callable[[], float]):
         super().__init__(service, pid, **gauges)
-        self.ttft = self._histogram("ttft_seconds", "Time to first token.", _TTFT_BUCKETS)
-        self.decode_tps = self._histogram("decode_tokens_per_second", "Decode speed per generation.",
+        self.ttft = self._histogram("ttft_seconds", "Time to first token, by priority.", _TTFT_BUCKETS)
+        self.decode_tps = self._histogram("decode_tokens_per_second", "Decode speed per generation, by priority.",
                                           _DECODE_TPS_BUCKETS)
-        self.prefill_tps = self._histogram("prefill_tokens_per_second", "Prompt prefill speed per generation.",
-                                           _PREFILL_TPS_BUCKETS)
+        self.prefill_tps = self._histogram("prefill_tokens_per_second", "Prompt prefill speed per generation, "
+                                           "by priority.", _PREFILL_TPS_BUCKETS)
+        self.pauses = self.counter("generation_pauses_total", "Generations paused to give their slot to a more "
+                                   "urgent request or a fairer share, by the paused one's priority.", ["priority"])
         self.tokens = self.counter("generation_tokens_total", "Tokens of finished generations, by kind: prompt, "
                                    "cached (reused from the session's KV), prefill, completion.", ["kind"])
         self.prefix_cache = self.counter("prefix_cache_requests_total", "Generations that reused cached KV "
@@ -164,17 +166,22 @@ class InferenceMetrics(ServiceMetrics):
             self.tokens.labels(kind)
         for result in ("hit", "miss"):
             self.prefix_cache.labels(result)
+        for priority in PRIORITIES:
+            for figure in (self.ttft, self.decode_tps, self.prefill_tps, self.pauses):
+                figure.labels(priority)
 
     def _histogram(self, name: str, documentation: str, buckets: tuple) -> Histogram:
-        return Histogram(PREFIX + name, documentation, buckets=buckets, registry=self.registry)
+        return Histogram(PREFIX + name, documentation, ["priority"], buckets=buckets, registry=self.registry)
 
     def observe_generation(self, result: dict[str, Any]) -> None:
         """Record one finished generation from its result dict (the ``generate`` reply body)."""
-        self.ttft.observe(result["ttft_s"])
+        priority = result["priority"]
+        self.ttft.labels(priority).observe(result["ttft_s"])
         if result.get("decode_tps") is not None:
-            self.decode_tps.observe(result["decode_tps"])
+            self.decode_tps.labels(priority).observe(result["decode_tps"])
         if result.get("prefill_tps") is not None:
-            self.prefill_tps.observe(result["prefill_tps"])
+            self.prefill_tps.labels(priority).observe(result["prefill_tps"])
+        self.pauses.labels(priority).inc(result["pauses"])
         for kind, key in _TOKEN_KINDS.items():
             self.tokens.labels(kind).inc(result[key])
         self.prefix_cache.labels("hit" if result["cached_tokens"] > 0 else "miss").inc()

@@ -86,6 +86,7 @@ class Field:
     min: float | None = None  # for numbers: the least value allowed
     max: float | None = None  # ... and the greatest
     above: bool = False  # ``min`` itself is excluded (top_p > 0)
+    choices: tuple[str, ...] | None = None  # for str: the only values allowed
     #: Speaks for someone else (``owner``): only a peer that may send privileged messages may set it.
     privileged: bool = False
 
@@ -119,6 +120,9 @@ MAX_STOP_CHARS = 256
 MAX_MESSAGES = 4096
 MAX_TOOLS = 128
 MAX_OWNER_CHARS = 96
+#: A generation's scheduling class, most urgent first (``services/inference/scheduler.py``, docs/scheduler.md).
+PRIORITIES = ("interactive", "normal", "background")
+DEFAULT_PRIORITY = "normal"
 MAX_MODEL_NAME_CHARS = 64
 MAX_ID_CHARS = 128  # request, session and tool-call ids
 MAX_HTTP_SESSION_CHARS = 96  # an X-Session-Id: printable ASCII; the gateway prefixes it with the key's name
@@ -168,7 +172,8 @@ MAX_FEEDBACK_DETAILS_BYTES = 16 << 10
 #: tenant's KV nor dodge its own limit under made-up names.
 _OWNER = {"owner": Field(str, max_len=MAX_OWNER_CHARS, privileged=True)}
 
-#: What generate and chat share: sampling, stop sequences, streaming, the model, and who the caller is.
+#: What generate and chat share: sampling, stop sequences, streaming, the model, how urgent it is, and who the
+#: caller is.
 _GENERATION = {
     "max_tokens": Field(int, min=1, max=MAX_TOKENS),
     "temperature": Field(_NUMBER, min=0, max=MAX_TEMPERATURE),
@@ -179,6 +184,7 @@ _GENERATION = {
     "stream": Field(bool),
     "model": Field(str, max_len=MAX_MODEL_NAME_CHARS),
     "cache_prompt": Field(bool),
+    "priority": Field(str, choices=PRIORITIES),
     **_OWNER,
 }
 
@@ -483,6 +489,9 @@ def _check_field(name: str, spec: Field, value: Any, request_id: str) -> None:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r} must be finite", request_id)
     # isinstance() above leaves ``value`` typed as object: MESSAGES declares max_len only on sized fields
     # (str, list, bytes) and min/max only on number fields, which is what ``value`` then is.
+    if spec.choices is not None and value not in spec.choices:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r} must be one of {', '.join(spec.choices)}",
+                            request_id)
     if spec.max_len is not None and len(cast(Sized, value)) > spec.max_len:
         raise ProtocolError(ErrorCode.BAD_REQUEST, f"field {name!r} longer than {spec.max_len}", request_id)
     number = cast(float, value)

@@ -24,11 +24,11 @@ from typing import Annotated, Any, Callable, Literal
 
 import psutil
 import zmq
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from shared import security
 from shared.config import Config, ipc_path
-from shared.protocol import encode_request
+from shared.protocol import PRIORITIES, encode_request
 
 _BUFFER_SAMPLES = 4096
 _BATCH_SAMPLES = 1024
@@ -37,6 +37,12 @@ _SEND_HWM = 4  # batches ZeroMQ may hold for a slow optimizer before we drop
 #: A finite, non-negative figure (seconds, tokens per second, megabytes, percent, counts).
 Figure = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 Tokens = Annotated[int, Field(ge=0, le=1 << 30)]
+
+
+def _priority(value: str) -> str:
+    if value not in PRIORITIES:
+        raise ValueError(f"must be one of {', '.join(PRIORITIES)}")
+    return value
 
 
 class _Sample(BaseModel):
@@ -71,6 +77,8 @@ class GenerationSample(_Sample):
     decode_tps: Figure | None = None
     total_s: Figure | None = None
     stop_reason: str | None = Field(None, max_length=32)
+    priority: Annotated[str, AfterValidator(_priority)] | None = None
+    pauses: Tokens = 0
     ts: Figure | None = None
 
 

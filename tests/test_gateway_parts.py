@@ -1,5 +1,5 @@
 """The gateway's parts without a model: API keys, the start-up refusals, error statuses, the body limit,
-and how stream chunks are made from inference's events."""
+how stream chunks are made from inference's events, and what a request's priority becomes."""
 
 from __future__ import annotations
 
@@ -11,13 +11,18 @@ import subprocess
 import sys
 
 import pytest
+import structlog
 
+from services.gateway.access import Gateway, RateLimit
+from services.gateway.app import create_app
 from services.gateway.errors import from_service_error
 from services.gateway.keys import ApiKeys, create_key, revoke_key
 from services.gateway.middleware import BodyLimit
 from services.gateway.replies import ChatShape, CompletionShape
+from services.gateway.upstream import Upstreams
 from shared.client import ServiceError
 from shared.config import dump_config, parse_config
+from shared.metrics import ServiceMetrics
 from tests.conftest import REPO
 
 
@@ -173,3 +178,93 @@ def test_the_listening_socket_says_tcp_so_asyncio_turns_nagle_off():
         assert sock.proto == socket.IPPROTO_TCP
     finally:
         sock.close()
+
+
+# --- priority: the body field, the header, /v1/responses --------------------------------------------------
+class _Recorded(Upstreams):
+    """Inference and tools answered here: what each request carried is kept in ``sent``."""
+
+    REPLIES = {"generate": {**FINAL_STATS, "text": "ok", "stop_reason": "eos"},
+               "chat": {**FINAL_STATS, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}},
+               "tool.list": {"tools": []}, "health": {"n_ctx": 2048}, "tokenize": {"tokens": [1, 2]}}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.sent: list[tuple[str, dict]] = []
+
+    async def exchange(self, service, msg_type, body=None, session=None, deadline=None):
+        self.sent.append((msg_type, body or {}))
+        if msg_type not in self.REPLIES:
+            raise ServiceError("unavailable", f"{service} is not running here")
+        return self.REPLIES[msg_type]
+
+
+def _gateway(tmp_path) -> tuple[object, _Recorded]:
+    config = parse_config({"runtime": {"runtime_dir": str(tmp_path / "run"), "data_dir": str(tmp_path / "data")},
+                           "metrics": {"enabled": False}, "gateway": {"allow_keyless_loopback": True}})
+    upstreams = _Recorded(config)
+    gw = Gateway(config, upstreams, ApiKeys(tmp_path / "api_keys"), True,
+                 ServiceMetrics("gateway", os.getpid(), queue_depth=lambda: 0, running=lambda: 0,
+                                uptime_s=lambda: 0), structlog.get_logger("test"),
+                 RateLimit(10))
+    return create_app(gw, lambda: None, lambda n: None), upstreams
+
+
+def _post(app, path: str, body: dict, headers: dict[str, str] | None = None) -> tuple[int, dict]:
+    async def call():
+        data = json.dumps(body).encode()
+        raw = [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
+               (b"content-length", str(len(data)).encode())]
+        raw += [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+        sent, messages = [], [{"type": "http.request", "body": data, "more_body": False}]
+
+        async def receive():
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(message):
+            sent.append(message)
+
+        await app({"type": "http", "method": "POST", "path": path, "raw_path": path.encode(), "query_string": b"",
+                   "headers": raw, "client": ("127.0.0.1", 5000), "server": ("127.0.0.1", 8000), "scheme": "http",
+                   "http_version": "1.1", "root_path": "", "state": {}}, receive, send)
+        return sent[0]["status"], json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    return asyncio.run(call())
+
+
+def test_priority_reaches_inference_from_the_body_or_the_header_and_the_body_wins(tmp_path):
+    app, upstreams = _gateway(tmp_path)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    cases = [("/v1/chat/completions", chat, {}, None),
+             ("/v1/chat/completions", {**chat, "priority": "interactive"}, {}, "interactive"),
+             ("/v1/chat/completions", chat, {"X-Priority": "background"}, "background"),
+             ("/v1/chat/completions", {**chat, "priority": "normal"}, {"X-Priority": "background"}, "normal"),
+             ("/v1/completions", {"model": "m", "prompt": "hi", "priority": "background"}, {}, "background"),
+             ("/v1/completions", {"model": "m", "prompt": "hi"}, {"X-Priority": "interactive"}, "interactive")]
+    for path, body, headers, expected in cases:
+        status, reply = _post(app, path, body, headers)
+        assert status == 200, reply
+        assert upstreams.sent[-1][1].get("priority") == expected, (path, body, headers)
+
+
+def test_a_bad_priority_is_a_400_naming_it(tmp_path):
+    app, upstreams = _gateway(tmp_path)
+    chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+    for body, headers, param in (({**chat, "priority": "urgent"}, {}, "priority"),
+                                 ({**chat, "priority": 1}, {}, "priority"),
+                                 (chat, {"X-Priority": "now"}, "X-Priority")):
+        status, reply = _post(app, "/v1/chat/completions", body, headers)
+        assert status == 400 and reply["error"]["param"] == param, reply
+    status, reply = _post(app, "/v1/responses", {"input": "hi", "priority": "soon"})
+    assert status == 400 and reply["error"]["param"] == "priority", reply
+    assert upstreams.sent == []
+
+
+def test_every_model_step_of_a_response_run_has_its_priority(tmp_path):
+    app, upstreams = _gateway(tmp_path)
+    for body, headers, expected in (({"input": "hi", "priority": "background"}, {}, "background"),
+                                    ({"input": "hi"}, {"X-Priority": "interactive"}, "interactive")):
+        upstreams.sent.clear()
+        status, reply = _post(app, "/v1/responses", {**body, "store": False}, headers)
+        assert status == 200 and reply["status"] == "completed", reply
+        chats = [b for t, b in upstreams.sent if t == "chat"]
+        assert chats and all(b["priority"] == expected for b in chats), upstreams.sent

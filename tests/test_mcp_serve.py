@@ -20,6 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from services.gateway.keys import create_key, keys_path
 from shared.config import parse_config
+from shared.protocol import PRIORITIES
 from tests.conftest import CHAT_MODEL_PATH, REPO, ServiceProcess, make_config, require_model, wait_for, write_config
 
 ENV = {"PYTHONPATH": str(REPO)}
@@ -57,6 +58,7 @@ def test_the_sdk_client_lists_the_tools_searches_memory_and_runs_a_one_step_goal
             tools = {t.name: t for t in (await client.list_tools()).tools}
             assert set(tools) == {"memory_search", "memory_add", "calculator", "run_agent"}
             assert tools["run_agent"].input_schema["required"] == ["goal"]
+            assert tools["run_agent"].input_schema["properties"]["priority"]["enum"] == list(PRIORITIES)
             for note in ("The spare robot battery is in the hallway cupboard.", "Lena's birthday is in March."):
                 assert text_of(await client.call_tool("memory_add", {"text": note})).startswith("stored as ")
             hits = json.loads(text_of(await client.call_tool("memory_search",
@@ -66,7 +68,8 @@ def test_the_sdk_client_lists_the_tools_searches_memory_and_runs_a_one_step_goal
             bad = await client.call_tool("memory_search", {"query": ""})
             assert bad.is_error
             run = json.loads(text_of(await client.call_tool(
-                "run_agent", {"goal": "Reply with one friendly word of greeting.", "max_iterations": 1})))
+                "run_agent", {"goal": "Reply with one friendly word of greeting.", "max_iterations": 1,
+                              "priority": "interactive"})))
             assert run["stopped"] == "final_answer" and run["steps"] == 1 and run["answer"].strip(), run
             return run
     run = asyncio.run(session())

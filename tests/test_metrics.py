@@ -16,6 +16,7 @@ from scripts._prompts import gemma_prompt
 from magnitude.stats_cli import histogram_quantile, restarts_by_service, summarize
 from shared.config import ConfigError, parse_config
 from shared.metrics import metrics_for
+from shared.telemetry import validate_sample
 from tests.conftest import ServiceProcess, write_config
 from tests.test_launcher import magnitude
 
@@ -56,9 +57,9 @@ def test_a_row_is_summarized_from_a_real_exposition():
     m.observe_request("health", 30.0)  # a probe: must not count
     m.observe_request("generate", 0.01, "busy")
     stats = {"ttft_s": 0.04, "decode_tps": 40.0, "prefill_tps": 500.0,
-             "prompt_tokens": 10, "prefill_tokens": 10, "completion_tokens": 5}
+             "prompt_tokens": 10, "prefill_tokens": 10, "completion_tokens": 5, "priority": "normal", "pauses": 0}
     m.observe_generation({**stats, "cached_tokens": 0})
-    m.observe_generation({**stats, "cached_tokens": 8, "prefill_tokens": 2})
+    m.observe_generation({**stats, "cached_tokens": 8, "prefill_tokens": 2, "priority": "interactive"})
     row = summarize("inference", m.exposition()["text"])
     assert row["requests"] == 5 and row["errors"] == {"busy": 1} and row["queue_depth"] == 3
     assert 10 <= row["p50_ms"] <= 25 and 100 <= row["p95_ms"] <= 250
@@ -85,6 +86,13 @@ def test_metrics_ports_default_to_base_plus_index_and_are_validated():
         parse_config({"metrics": {"ports": {"nosuch": 1}}})
     with pytest.raises(ConfigError, match="metrics.base_port"):
         parse_config({"metrics": {"base_port": 70000}})
+
+
+def test_a_generation_sample_keeps_its_priority_and_a_bad_one_is_refused():
+    sample = {"type": "generation", "ttft_s": 0.1, "priority": "interactive", "pauses": 1}
+    assert validate_sample(sample)["priority"] == "interactive" and validate_sample(sample)["pauses"] == 1
+    with pytest.raises(ValueError, match="priority"):
+        validate_sample({**sample, "priority": "urgent"})
 
 
 # --- a real service process (the tool service: no model needed) ------------------------------------
@@ -196,6 +204,15 @@ def test_generation_counters_move_by_the_right_amounts(inference_service):
     assert moved("magnitude_prefix_cache_requests_total", result="miss") == 1
     for kind in ("prompt", "cached", "prefill", "completion"):
         assert moved("magnitude_generation_tokens_total", kind=kind) == step1[f"{kind}_tokens"] + step2[f"{kind}_tokens"]
-    assert moved("magnitude_ttft_seconds_count") == 2
-    assert moved("magnitude_ttft_seconds_sum") == pytest.approx(step1["ttft_s"] + step2["ttft_s"], abs=1e-3)
-    assert moved("magnitude_decode_tokens_per_second_count") == sum(s["decode_tps"] is not None for s in (step1, step2))
+    assert moved("magnitude_ttft_seconds_count", priority="normal") == 2  # the default class
+    assert moved("magnitude_ttft_seconds_sum", priority="normal") == pytest.approx(step1["ttft_s"] + step2["ttft_s"],
+                                                                                  abs=1e-3)
+    assert moved("magnitude_decode_tokens_per_second_count", priority="normal") == \
+        sum(s["decode_tps"] is not None for s in (step1, step2))
+    with Client(inference_service.endpoint, timeout_s=120) as client:
+        client.generate(gemma_prompt(history), None, max_tokens=2, temperature=0, priority="background")
+    last = scrape(url)
+    assert sample(last, "magnitude_ttft_seconds_count", priority="background") - \
+        sample(after, "magnitude_ttft_seconds_count", priority="background") == 1
+    assert sample(last, "magnitude_ttft_seconds_count", priority="normal") == \
+        sample(after, "magnitude_ttft_seconds_count", priority="normal")

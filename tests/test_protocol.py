@@ -66,11 +66,21 @@ def test_missing_id():
     ({"prompt": "x", "max_tokens": True}, "not bool"),
     ({"prompt": "x", "temperature": float("nan")}, "finite"),
     ({"prompt": "x", "stop": ["a"] * 17}, "longer than"),
+    ({"prompt": "x", "priority": "urgent"}, "'priority' must be one of interactive, normal, background"),
+    ({"prompt": "x", "priority": 1}, "'priority' must be str"),
 ])
 def test_field_types_checked(body, needle):
     with pytest.raises(ProtocolError) as info:
         decode(encode_request("generate", body))
     assert info.value.code == ErrorCode.BAD_REQUEST and needle in info.value.message
+
+
+def test_every_priority_is_accepted_on_generate_and_chat():
+    for msg_type, body in (("generate", {"prompt": "x"}), ("chat", {"messages": []})):
+        for priority in ("interactive", "normal", "background"):
+            req = decode_request(encode_request(msg_type, {**body, "priority": priority}), max_frame_bytes=1 << 20,
+                                 handled={msg_type})
+            assert req.body["priority"] == priority
 
 
 def test_missing_required_field():

@@ -217,3 +217,21 @@ def test_a_session_id_names_a_session_of_its_owner_only():
     use(t, kv, "run-1", LONG)
     theirs = t.acquire("other", ("other", "run-1"), LONG + [1])
     assert theirs.source == "cold" and theirs.cached == 0
+
+
+def test_a_paused_generation_gets_its_kv_back_in_whatever_slot_is_free():
+    kv = FakeKv()
+    t = SessionTable(1, 1 << 20, kv)
+    running = t.acquire(OWNER, key("s1"), LONG)
+    kv.seqs[0] = running.slot.tokens = LONG + [99]  # it decoded a token
+    held = t.pause(running.slot)
+    assert t.paused == 1 and t.can_admit(key("other")) and t.resident(key("s1")) is None
+    back = t.resume(held)  # nothing took the slot: its KV is still there, nothing is copied back
+    assert back.tokens == LONG + [99] and back.session == key("s1") and back.busy and t.paused == 0
+    assert ("load", 0) not in kv.ops
+    held = t.pause(back)
+    other = t.acquire("someone-else", None, [5, 6, 7])  # another owner takes the slot: its KV is cleared
+    kv.seqs[0] = other.slot.tokens = [5, 6, 7]
+    t.release(other.slot)
+    back = t.resume(held)
+    assert kv.seqs[0] == LONG + [99] and back.tokens == LONG + [99] and back.owner == OWNER and t.paused == 0

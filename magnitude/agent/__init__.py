@@ -29,8 +29,11 @@ class AsyncAgent:
         self.retry = retry
         self.clients = {name: AsyncClient.for_service(name, self.config, timeout_s=timeout_s) for name in _SERVICES}
 
-    async def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None) -> Trace:
-        run = Run(self.config, goal, session_id or f"agent-{uuid.uuid4().hex[:12]}", max_iterations)
+    async def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None,
+                  priority: str | None = None) -> Trace:
+        """``priority``: every model step's scheduling class (interactive, normal, background)."""
+        run = Run(self.config, goal, session_id or f"agent-{uuid.uuid4().hex[:12]}", max_iterations,
+                  priority=priority)
         while (req := run.pending) is not None:
             reply: dict | ServiceError
             try:
@@ -54,8 +57,9 @@ class Agent:
         self.config, self.clients = self._async.config, self._async.clients
         self._loop = asyncio.new_event_loop()
 
-    def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None) -> Trace:
-        return self._loop.run_until_complete(self._async.run(goal, session_id, max_iterations))
+    def run(self, goal: str, session_id: str | None = None, max_iterations: int | None = None,
+            priority: str | None = None) -> Trace:
+        return self._loop.run_until_complete(self._async.run(goal, session_id, max_iterations, priority))
 
     def close(self) -> None:
         self._async.close()

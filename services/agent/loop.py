@@ -214,11 +214,14 @@ class Run:
     """One run's state and logic; ``pending`` is the request to carry next (None once ``trace`` is final)."""
 
     def __init__(self, config: Config, goal: str, session_id: str, max_iterations: int | None,
-                 caller_tools: Sequence[dict] = (), instructions: str | None = None, earlier: Conversation | None = None):
+                 caller_tools: Sequence[dict] = (), instructions: str | None = None, earlier: Conversation | None = None,
+                 priority: str | None = None):
         """``caller_tools``: OpenAI tool specs whose calls go to the service ``caller`` (the run's own client);
         ``instructions``: the caller's system text, after the agent's own (which carries its tool policy);
-        ``earlier``: the conversation this run goes on (``goal`` is then its last question)."""
+        ``earlier``: the conversation this run goes on (``goal`` is then its last question); ``priority``: the
+        scheduling class of every model step (``shared.protocol.PRIORITIES``; None: the service's default)."""
         self.config = config
+        self.priority = priority
         self.system = f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT
         self.caller_tools = list(caller_tools)
         self.earlier = earlier
@@ -363,9 +366,9 @@ class Run:
 
     def _chat(self, messages: list[dict], in_session: bool = True, **params: Any) -> Request:
         """A ``chat`` request of this run, built as ``Client.chat`` builds one (a long conversation goes in
-        shared memory); the configured model, seed 0."""
+        shared memory); the configured model, seed 0, the run's priority."""
         session = self.trace.session_id if in_session else None
-        body = chat_body(messages, session, model=self.config.agent.model, seed=0, **params)
+        body = chat_body(messages, session, model=self.config.agent.model, seed=0, priority=self.priority, **params)
         return Request("inference", "chat", body, session)
 
     def _answer_from(self, memory: WorkingMemory, index: int) -> Generator[Request, Any, Step]:

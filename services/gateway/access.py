@@ -26,7 +26,7 @@ from starlette.requests import Request
 
 from services.gateway.errors import ApiError
 from services.gateway.keys import ApiKeys
-from services.gateway.schemas import SESSION_PATTERN
+from services.gateway.schemas import SESSION_PATTERN, Priority
 from services.gateway.upstream import Upstreams
 from shared.config import Config
 from shared.metrics import ServiceMetrics
@@ -134,6 +134,16 @@ SessionHeader = Annotated[str | None, Header(
 
 async def session(owner: Annotated[str | None, Depends(caller)], x_session_id: SessionHeader = None) -> str | None:
     return scoped(owner, x_session_id)
+
+
+PriorityHeader = Annotated[Priority | None, Header(
+    alias="X-Priority", description="the request's priority, for clients that cannot add a body field: "
+                                    "interactive, normal (default) or background; a body's priority wins")]
+
+
+def prioritized(body: dict[str, Any], priority: Priority | None) -> dict[str, Any]:
+    """An inference request's body with its priority (the body's, else the header's), when one was given."""
+    return body if priority is None else {**body, "priority": priority}
 
 
 Context = Annotated[Gateway, Depends(gateway)]

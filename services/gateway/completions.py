@@ -21,7 +21,7 @@ from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 
-from services.gateway.access import Caller, Context, Gateway, Session, owned
+from services.gateway.access import Caller, Context, Gateway, PriorityHeader, Session, owned, prioritized
 from services.gateway.errors import ApiError, documented, error_body
 from services.gateway.replies import ChatShape, CompletionShape, Shape
 from services.gateway.schemas import (
@@ -48,19 +48,21 @@ STREAM_CHUNKS = {"/v1/chat/completions": ChatCompletionChunk, "/v1/completions":
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses=GENERATION_RESPONSES,
              summary="Chat with the model's own template and native tool calls")
 async def chat_completions(req: ChatCompletionRequest, gw: Context, session_id: Session, owner: Caller,
-                           http: Request):
+                           http: Request, x_priority: PriorityHeader = None):
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return await _generate(http, gw, "chat", owned(chat_body(req, session_id), owner), session_id,
-                           ChatShape(req.model, include_usage), req.stream)
+    body = prioritized(owned(chat_body(req, session_id), owner), req.priority or x_priority)
+    return await _generate(http, gw, "chat", body, session_id, ChatShape(req.model, include_usage), req.stream)
 
 
 @router.post("/v1/completions", response_model=Completion, responses=GENERATION_RESPONSES,
              summary="Complete a raw prompt")
-async def completions(req: CompletionRequest, gw: Context, session_id: Session, owner: Caller, http: Request):
+async def completions(req: CompletionRequest, gw: Context, session_id: Session, owner: Caller,
+                      http: Request, x_priority: PriorityHeader = None):
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     shape = CompletionShape(req.model, include_usage, echo=req.prompt_text() if req.echo else None)
-    body = {"prompt": req.prompt_text(), **sampling_body(req, req.max_tokens)}
-    return await _generate(http, gw, "generate", owned(body, owner), session_id, shape, req.stream)
+    body = prioritized(owned({"prompt": req.prompt_text(), **sampling_body(req, req.max_tokens)}, owner),
+                       req.priority or x_priority)
+    return await _generate(http, gw, "generate", body, session_id, shape, req.stream)
 
 
 def sampling_body(req: SamplingParams, max_tokens: int | None) -> dict[str, Any]:

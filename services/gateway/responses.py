@@ -36,7 +36,7 @@ from starlette.requests import Request as HttpRequest
 
 from services.agent.context import Turn, turn_text
 from services.agent.loop import Conversation, Request, Run
-from services.gateway.access import Caller, Context, Gateway, owned, scoped
+from services.gateway.access import Caller, Context, Gateway, PriorityHeader, owned, scoped
 from services.gateway.completions import unless_disconnected
 from services.gateway.errors import ApiError, bad_request, documented, from_service_error
 from services.gateway.stored import Stored, StoredResponse
@@ -86,9 +86,9 @@ class AgentRun:
 
     def __init__(self, gw: Gateway, owner: str | None, model: str | None, goal: str, tools: list[FunctionTool],
                  instructions: str | None = None, earlier: Conversation | None = None, session_id: str | None = None,
-                 store: bool = True):
+                 store: bool = True, priority: str | None = None):
         """``earlier``: the conversation the run goes on, in ``session_id`` (None: a session of its own);
-        ``store``: keep the finished response for GET and the next turn."""
+        ``store``: keep the finished response for GET and the next turn; ``priority``: every model step's."""
         config = gw.config
         if model:
             config = config.model_copy(update={"agent": config.agent.model_copy(update={"model": model})})
@@ -97,7 +97,7 @@ class AgentRun:
         self.gw, self.owner, self.tools, self.instructions, self.store = gw, owner, tools, instructions, store
         self.model = model or config.agent.model or "default"
         self.caller_tools = {t.name for t in tools}
-        self.loop = Run(config, goal, session_id or _id("agent"), None, specs, instructions, earlier)
+        self.loop = Run(config, goal, session_id or _id("agent"), None, specs, instructions, earlier, priority)
         self.metadata: dict[str, str] = {}  # the caller's, echoed on each response of the run
         self._counted = (0, 0, 0)  # the trace's (input, cached, output) tokens when the last response was made
         self.session = scoped(owner, self.loop.trace.session_id)
@@ -277,8 +277,11 @@ def install(app, gw: Gateway) -> None:
     200: {"description": "the run's response; with stream: true, server-sent events, one per step's item, then "
                          "the response"}, **documented(400, 401, 404, 413, 429, 503, 504)},
     summary="Run Magnitude's agent: configured tools run here, the caller's come back as function calls")
-async def responses(req: ResponseRequest, gw: Context, owner: Caller, http: HttpRequest):
+async def responses(req: ResponseRequest, gw: Context, owner: Caller, http: HttpRequest,
+                    x_priority: PriorityHeader = None):
     runs: Runs = http.app.state.runs
+    if req.priority is None and x_priority is not None:
+        req = req.model_copy(update={"priority": x_priority})
     req = _outputs_capped(req, gw.config.agent.sandbox.max_output_bytes)
     previous = req.previous_response_id
     if previous is None and (result := _last_output(req)) is not None:
@@ -332,14 +335,16 @@ def _new_run(req: ResponseRequest, gw: Gateway, owner: str | None, previous: str
     store = req.store is not False
     if previous is None:
         goal, earlier = _conversation(items)
-        return AgentRun(gw, owner, req.model, goal, req.tools or [], instructions, earlier, store=store)
+        return AgentRun(gw, owner, req.model, goal, req.tools or [], instructions, earlier, store=store,
+                        priority=req.priority)
     before, warm = stored.go_on(previous, owner)
     turns, facts = _turns(items)
     goal = _last_question(items)
     earlier = Conversation(before.conversation.opening, [*before.conversation.turns, *turns],
                            before.conversation.memories, [*before.conversation.facts, *facts])
     return AgentRun(gw, owner, req.model or before.response.model, goal, req.tools or before.tools,
-                    instructions or before.instructions, earlier, before.session_id if warm else None, store)
+                    instructions or before.instructions, earlier, before.session_id if warm else None, store,
+                    req.priority)
 
 
 def _instructions(instructions: str | None, items: list) -> str | None:

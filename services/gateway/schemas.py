@@ -11,7 +11,7 @@ fields are ignored, as OpenAI-compatible servers do.
 
 Extensions beyond OpenAI: ``top_k``; ``timings`` in results (llama-server's
 names: ``cache_n`` is the prompt tokens reused from the session's KV); the
-``X-Session-Id`` header (see the routes).
+``X-Session-Id`` header (see the routes); ``priority`` (and the ``X-Priority`` header).
 """
 
 from __future__ import annotations
@@ -68,6 +68,11 @@ JsonObject = Annotated[dict[str, Any], AfterValidator(_mesh_numbers)]
 ModelName = Annotated[str, Field(min_length=1, max_length=MAX_MODEL_NAME_CHARS, description="a name from GET /v1/models")]
 StopString = Annotated[str, Field(min_length=1, max_length=MAX_STOP_CHARS)]
 PromptText = Annotated[str, Field(min_length=1)]
+#: A generation's scheduling class: shared.protocol.PRIORITIES, most urgent first (default normal).
+Priority = Literal["interactive", "normal", "background"]
+PRIORITY_DOC = ("extension (vLLM has one): interactive, normal (default) or background; a free slot goes to the "
+                "most urgent request waiting, which may pause a less urgent generation (the X-Priority header "
+                "says the same for clients that cannot add a field; this field wins)")
 #: An X-Session-Id (and feedback's session_id): printable ASCII.
 SESSION_PATTERN = rf"^[\x21-\x7e]{{1,{MAX_HTTP_SESSION_CHARS}}}$"
 
@@ -98,6 +103,7 @@ class SamplingParams(_Request):
     frequency_penalty: float | None = Field(None, ge=0, le=0, description="not supported: only 0")
     presence_penalty: float | None = Field(None, ge=0, le=0, description="not supported: only 0")
     user: str | None = Field(None, max_length=MAX_USER_CHARS, description="accepted, not used")
+    priority: Priority | None = Field(None, description=PRIORITY_DOC)
 
     def stop_list(self) -> list[str] | None:
         return [self.stop] if isinstance(self.stop, str) else self.stop
@@ -488,6 +494,7 @@ class ResponseRequest(_Request):
         None, description="only empty: no extra output (reasoning, logprobs) is produced")
     tool_choice: Literal["auto"] | None = Field(None, description="only auto (the agent's step policy chooses)")
     parallel_tool_calls: Literal[True] | None = Field(None, description="only true: a step may call several tools")
+    priority: Priority | None = Field(None, description=PRIORITY_DOC + "; every model step of the run has it")
     store: bool | None = Field(None, description="default true: the finished response is kept for GET and "
                                                  "previous_response_id (gateway.agent_wait_s); false: not kept (a "
                                                  "run waiting for a caller's call is still held for its output)")

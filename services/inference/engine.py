@@ -164,7 +164,8 @@ class Engine:
         self.model.close()
 
     def busy(self) -> bool:
-        return any(slot.busy for slot in self.sessions.slots)
+        """A generation runs, or waits paused with its KV in RAM (a rebuild or an unload would void that KV)."""
+        return self.sessions.paused > 0 or any(slot.busy for slot in self.sessions.slots)
 
     def settings(self) -> dict:
         """The tunable settings in force (n_threads resolved to the count actually used)."""

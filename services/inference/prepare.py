@@ -24,7 +24,7 @@ from llama_cpp import _internals
 
 from shared import shm
 from shared.config import Config
-from shared.protocol import MAX_STOP_CHARS, ErrorCode, ProtocolError, Request, decode_field
+from shared.protocol import DEFAULT_PRIORITY, MAX_STOP_CHARS, ErrorCode, ProtocolError, Request, decode_field
 from services.inference.chat import ChatModel, ChatTurn, prepare_turn
 from services.inference.constraint import Constraint, LlamaGrammar, Vocabulary, gbnf_constraint, vocabulary
 from services.inference.engine import init_backend
@@ -143,7 +143,7 @@ class Preparer:
         self._may_load(name)
         return GenerationRequest(
             prompt, params, on_done=lambda result: outlet.done(finish(result)), on_error=outlet.failed, owner=owner,
-            session=req.session, model=name, constraint=constraint, on_text=text_out, cancelled=outlet.cancelled,
+            priority=body.get("priority", DEFAULT_PRIORITY), session=req.session, model=name, constraint=constraint, on_text=text_out, cancelled=outlet.cancelled,
             stats={"prepare_ms": round((time.perf_counter() - t0) * 1000, 3)})
 
     def on_tokenize(self, req: Request, _) -> dict:

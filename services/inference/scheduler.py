@@ -11,13 +11,23 @@ prompt cannot stall them: while any generation decodes, prompts are read at most
 per step (when none does, a whole batch). Those prompt tokens
 go to prompts in every step whatever is decoding, so decodes cannot starve a prompt either, and they are shared
 out evenly between the prompts being read (a short follow-up step is not stuck behind a long document; equal
-chunks also suit llama.cpp's split of a batch into sub-batches). Drafts get what is left.
+chunks also suit llama.cpp's split of a batch into sub-batches), the most urgent class's first. Drafts get
+what is left.
 
 A request (``Task``) moves through these states:
 
     WAITING  -- a slot is free, its session's own slot is idle, no earlier control message holds it --> PREFILL
     PREFILL  -- its whole prompt has KV; the first token is sampled (TTFT) ----------------------------> DECODE
     DECODE   -- end of generation, a stop string or max_tokens: the reply goes, the slot becomes idle
+    DECODE   -- a more urgent request, or another owner short of its share, needs the slot: paused --> WAITING
+    WAITING  -- (paused) a slot is free: its KV is copied back, it decodes on where it stopped -----> DECODE
+
+**Priorities and fair shares** (docs/scheduler.md). Every request has a class (``priority``: interactive,
+normal, background) and an owner. A free slot goes to the most urgent class first, within it to the owner
+holding the fewest of its slots, then to the earliest. When every slot is busy, a waiting request pauses a
+decoding generation of a less urgent class, or of its own class whose owner holds two more of its slots
+(``_make_room``): the paused one's KV goes to RAM and it resumes later with the same tokens. A request counts
+one class more urgent for every ``engine.priority_aging_s`` since it arrived, so background work finishes.
 
 A WAITING request that shares a prefix with a prompt another slot is prefilling right now stays WAITING until
 that prefix is in, then copies its KV instead of computing it again. Where a request's KV comes from (its
@@ -43,7 +53,7 @@ from __future__ import annotations
 
 import enum
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, TypedDict
 
@@ -51,14 +61,18 @@ import structlog
 
 from shared.config import EngineConfig
 from shared.cores import LeaseTimeout
-from shared.protocol import ErrorCode, ProtocolError
+from shared.protocol import DEFAULT_PRIORITY, PRIORITIES, ErrorCode, ProtocolError
 from services.inference.drafting import DraftLength, NgramIndex
 from services.inference.engine import Engine
 from services.inference.models import ModelPool
 from services.inference.constraint import Constraint, LlamaGrammar
 from services.inference.sampling import TokenSampler
-from services.inference.sessions import Acquired, Slot
+from services.inference.sessions import Acquired, Paused, Slot
 from services.inference.text_stream import TextStream
+
+
+#: A priority's rank: 0 is the most urgent class.
+RANKS = {name: rank for rank, name in enumerate(PRIORITIES)}
 
 
 class State(enum.Enum):
@@ -90,7 +104,8 @@ class GenerationRequest:
     params: GenerateParams
     on_done: Callable[[dict[str, Any]], None]
     on_error: Callable[[Exception], None]
-    owner: str = "local"  # whose KV it may reuse (sessions.py)
+    owner: str = "local"  # whose KV it may reuse (sessions.py), and whose fair share of slots it counts in
+    priority: str = DEFAULT_PRIORITY  # its class: shared.protocol.PRIORITIES, most urgent first
     session: str | None = None  # a session id of that owner
     model: str | None = None  # a model slot's name; None: the default model
     constraint: Constraint | LlamaGrammar | None = None
@@ -146,6 +161,8 @@ class Task:
     t_decode: float = 0.0
     t_end: float = 0.0
     stop_reason: str | None = None
+    paused: Paused | None = None  # its KV while it waits to resume (a more urgent request took its slot)
+    pauses: int = 0
 
     def emit(self, piece: str) -> None:
         if piece and self.request.on_text:
@@ -173,6 +190,8 @@ class Task:
             "accepted_tokens": self.accepted,
             "forced_tokens": self.forced,
             "peak_batch": self.peak_batch,
+            "priority": self.request.priority,
+            "pauses": self.pauses,
             "model": self.model,
             "model_load_ms": self.load_ms,
             **self.request.stats,
@@ -201,6 +220,7 @@ class Counters(TypedDict):
     waiting: int
     prefill: int
     decode: int
+    pauses: int
 
 
 class Scheduler:
@@ -211,7 +231,7 @@ class Scheduler:
         self.running: list[Task] = []  # PREFILL and DECODE tasks
         #: Read by health from the I/O thread, so only ints, set by this loop (never iterate the queues there).
         self.counters: Counters = {"steps": 0, "mixed_steps": 0, "max_batch_seen": 0, "shared_prefix_tokens": 0,
-                         "decode_s": 0.0, "waiting": 0, "prefill": 0, "decode": 0}
+                         "decode_s": 0.0, "waiting": 0, "prefill": 0, "decode": 0, "pauses": 0}
 
     @property
     def busy(self) -> bool:
@@ -222,8 +242,8 @@ class Scheduler:
 
     def describe(self) -> Counters:
         """Steps so far (``mixed_steps``: with prompt chunks and decodes together; ``decode_s``: time inside
-        llama_decode), the most generations decoded in one step, KV tokens copied between sequences, and how
-        many tasks are in each state now."""
+        llama_decode), the most generations decoded in one step, KV tokens copied between sequences, generations
+        paused to make room, and how many tasks are in each state now (``waiting`` counts paused ones)."""
         return {**self.counters, "decode_s": round(self.counters["decode_s"], 3)}
 
     def run(self, intake: Callable[[float], None], should_stop: Callable[[], bool]) -> None:
@@ -280,25 +300,106 @@ class Scheduler:
 
     # --- admission -----------------------------------------------------------------------
     def _admit(self) -> None:
-        """Start what can start, in arrival order; a request of a session waits behind that session's earlier
-        one, and nothing passes a control message that waits for the generations to drain."""
+        """Start what can start. Control messages keep their place in arrival order (nothing passes one that
+        waits for the generations to drain); between them, tasks start in ``_order``, and a request of a session
+        waits behind that session's earlier one."""
         held_sessions: set[tuple[str, str] | None] = set()
         waited = False
-        for item in list(self.queue):
-            if isinstance(item, Control):
-                if item.needs_drain() and (self.running or waited):
-                    return
-                self.queue.remove(item)
-                item.run()
+        tasks: list[Task] = []
+        for item in [*self.queue, None]:
+            if isinstance(item, Task):
+                tasks.append(item)
                 continue
-            session = item.request.session_key
+            waited = self._admit_tasks(tasks, held_sessions) or waited
+            tasks = []
+            if item is None:
+                return
+            if item.needs_drain() and (self.running or waited):
+                return
+            self.queue.remove(item)
+            item.run()
+
+    def _admit_tasks(self, tasks: list[Task], held_sessions: set[tuple[str, str] | None]) -> bool:
+        """Try ``tasks`` (in arrival order) in ``_order``; whether any of them still waits."""
+        waited = False
+        ready: list[Task] = []
+        for task in tasks:
+            session = task.request.session_key
             if session is not None and session in held_sessions:
+                waited = True
                 continue
-            if self._start(item):
-                self.queue.remove(item)
+            if session is not None:
+                held_sessions.add(session)
+            ready.append(task)
+        now = time.perf_counter()
+        while ready:
+            held = self._held(now)
+            task = min(ready, key=lambda t: self._order(t, held, now))
+            ready.remove(task)
+            if self._start(task):
+                self.queue.remove(task)
             else:
                 waited = True
-                held_sessions.add(session)
+        return waited
+
+    def _rank(self, t: Task, now: float) -> int:
+        """``t``'s class (0: the most urgent), one more urgent for every ``priority_aging_s`` since it arrived,
+        so a background request under continuous interactive load is served within twice that."""
+        rank, aging_s = RANKS[t.request.priority], self.models.cfg.priority_aging_s
+        return max(0, rank - int((now - t.t_start) / aging_s)) if aging_s else rank
+
+    def _held(self, now: float, engine: Engine | None = None) -> Counter[tuple[str, int]]:
+        """Slots held (of ``engine``, or of every model) by (owner, class)."""
+        return Counter((t.request.owner, self._rank(t, now)) for t in self.running
+                       if engine is None or t.engine is engine)
+
+    def _order(self, t: Task, held: Counter[tuple[str, int]], now: float) -> tuple[int, int, float]:
+        """Who gets a free slot first: the most urgent class; within it the owner holding the fewest of its
+        slots (a fair share: an owner with nothing waiting lends its share); then the earliest."""
+        rank = self._rank(t, now)
+        return rank, held[t.request.owner, rank], t.t_start
+
+    def _make_room(self, task: Task, engine: Engine) -> bool:
+        """Every slot is busy: pause the generation ``task`` may displace, if one (True). One of a less urgent
+        class, else one of its own class whose owner holds at least two more of its slots than ``task``'s owner
+        does (after the swap they differ by at most as much, so nothing swings back); the least urgent, the
+        biggest holder's, the latest to arrive goes first. Only decoding generations pause: a prompt being
+        read is about to decode."""
+        if engine.sessions.resident(task.request.session_key) is not None:
+            return False  # its session's own slot is busy: its earlier request runs, and it waits for that
+        now = time.perf_counter()
+        rank, held = self._rank(task, now), self._held(now, engine)
+        mine = held[task.request.owner, rank]
+        victims = [(r, held[t.request.owner, r], t.t_start, t) for t in self.running
+                   if t.engine is engine and t.state is State.DECODE and (r := self._rank(t, now)) >= rank
+                   and (r > rank or held[t.request.owner, r] >= mine + 2)]
+        if not victims:
+            return False
+        self._pause(max(victims, key=lambda v: v[:3])[3])
+        return True
+
+    def _pause(self, t: Task) -> None:
+        """Take ``t``'s slot: its KV goes to RAM (``SessionTable.pause``), and it waits at the head of the queue
+        with everything else it had (sampler, text so far, the token it sampled last), to resume where it
+        stopped: the same tokens as if it had never paused."""
+        t.paused = t.engine.sessions.pause(t.slot)
+        t.slot, t.state = None, State.WAITING
+        t.pauses += 1
+        self.counters["pauses"] += 1
+        self.running.remove(t)
+        self.queue.appendleft(t)
+
+    def _paused(self) -> bool:
+        """Whether a paused generation waits: it holds its model (``Engine.busy``) as a running one does."""
+        return any(isinstance(item, Task) and item.paused is not None for item in self.queue)
+
+    def _resume(self, t: Task, engine: Engine) -> bool:
+        if not engine.sessions.idle() and not self._make_room(t, engine):
+            return False
+        t.slot = engine.sessions.resume(t.paused)
+        t.paused, t.state = None, State.DECODE
+        self.running.append(t)
+        return True
 
     def _start(self, task: Task) -> bool:
         """Give ``task`` a slot and move it to PREFILL (True), or leave it WAITING (False). A task that cannot
@@ -307,7 +408,7 @@ class Scheduler:
         try:
             engine, load_ms = self.models.get(req.model)
         except ProtocolError as exc:
-            if exc.code == ErrorCode.BUSY and self.running:
+            if exc.code == ErrorCode.BUSY and (self.running or self._paused()):
                 return False  # every resident model is generating: one will finish
             return self._fail(task, exc)
         except FileNotFoundError as exc:
@@ -317,13 +418,15 @@ class Scheduler:
                                                                          f"{type(exc).__name__}"))
         try:
             engine.warm_up()  # a model loaded since the loop started
+            if task.paused is not None:  # its engine stayed resident: a paused generation keeps it busy
+                return self._resume(task, task.engine)
             if task.engine is not engine:  # first try, or its model was reloaded meanwhile
                 task.engine, task.load_ms = engine, task.load_ms + load_ms
                 task.model = next(name for name, e in self.models.engines.items() if e is engine)
                 task.prompt = req.prompt
-            if not engine.sessions.can_admit(req.session_key):
-                return False
             if req.params.cache_prompt and engine.sessions.worth_waiting(req.owner, task.prompt):
+                return False
+            if not engine.sessions.can_admit(req.session_key) and not self._make_room(task, task.engine):
                 return False
             p = req.params
             task.sampler = TokenSampler(engine.model, engine.ctx, temperature=p.temperature, top_k=p.top_k,
@@ -351,7 +454,7 @@ class Scheduler:
         # Prompt tokens per step: a chunk while generations decode (their next token waits for this step),
         # the whole batch when nothing does (bigger sub-batches read the weights fewer times).
         prompt_budget = min(engine.cfg.prefill_chunk_size, budget - len(decoders)) if decoders else budget
-        chunks = fair_shares([len(t.prompt) - t.fed for t in prefills], prompt_budget)
+        chunks = self._prompt_chunks(prefills, prompt_budget)
         room = budget - len(decoders) - sum(chunks)
         plan: list[tuple[Task, list[int]]] = []
         for t in decoders:
@@ -394,6 +497,20 @@ class Scheduler:
                     self._decoded(t, tokens, first, len(decoders))
             except Exception as exc:  # a constraint or a callback failed: that request, not the step
                 self._fail(t, exc)
+
+    def _prompt_chunks(self, prefills: list[Task], budget: int) -> list[int]:
+        """How many of its prompt's tokens each prompt being read gets this step: the most urgent class's
+        prompts share the budget first (``fair_shares``), and what they leave goes to the next class, so an
+        interactive request's first token is not slowed by background documents being read."""
+        now = time.perf_counter()
+        ranks = [self._rank(t, now) for t in prefills]
+        chunks = [0] * len(prefills)
+        for rank in sorted(set(ranks)):
+            mine = [i for i, r in enumerate(ranks) if r == rank]
+            for i, n in zip(mine, fair_shares([len(prefills[i].prompt) - prefills[i].fed for i in mine], budget)):
+                chunks[i] = n
+                budget -= n
+        return chunks
 
     def _prefilled(self, t: Task, chunk: list[int], first: int) -> None:
         t.slot.tokens.extend(chunk)
@@ -491,6 +608,9 @@ class Scheduler:
             t.request.constraint.close()
         if t.slot is not None:
             t.engine.sessions.release(t.slot)
+        if t.paused is not None:
+            t.engine.sessions.forget_paused()
+            t.paused = None
         if t in self.running:
             self.running.remove(t)
 

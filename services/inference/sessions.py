@@ -87,6 +87,16 @@ class _Parked:
 
 
 @dataclass
+class Paused:
+    """A running generation's KV, copied out of its slot to make room for a more urgent request (``pause``)."""
+
+    owner: str
+    session: SessionKey | None
+    tokens: list[int]
+    state: bytes
+
+
+@dataclass
 class Acquired:
     slot: Slot
     source: str  # "resident" | "restored" | "disk" | "shared" | "cold"
@@ -105,16 +115,21 @@ class SessionTable:
         self._store = store
         self._parked: OrderedDict[SessionKey, _Parked] = OrderedDict()
         self.parked_bytes = 0
+        self.paused = 0  # generations paused (``pause``) and not yet resumed: their KV needs this context
 
     def can_admit(self, session: SessionKey | None) -> bool:
         """Whether a request of ``session`` can start now: its own slot is idle, or an idle slot exists."""
-        own = self._resident(session)
+        own = self.resident(session)
         if own is not None:
             return not own.busy
-        return any(not s.busy for s in self.slots)
+        return self.idle()
 
-    def _resident(self, session: SessionKey | None) -> Slot | None:
+    def resident(self, session: SessionKey | None) -> Slot | None:
+        """The slot that holds ``session``'s KV, if one does."""
         return next((s for s in self.slots if session is not None and s.session == session), None)
+
+    def idle(self) -> bool:
+        return any(not s.busy for s in self.slots)
 
     def worth_waiting(self, owner: str, prompt: list[int]) -> bool:
         """True when a slot of ``owner`` is prefilling a prompt that shares clearly more of ``prompt`` than any
@@ -136,7 +151,7 @@ class SessionTable:
             raise ProtocolError(ErrorCode.BUSY, "every session slot is generating; retry later")
         t0 = time.perf_counter()
         donor = self._donor(owner, prompt) if reuse and self.share_prefixes else None
-        slot = self._resident(session)
+        slot = self.resident(session)
         source = "resident"
         if slot is None:
             slot, source = self._take_slot(owner, prompt, donor), "cold"
@@ -166,6 +181,33 @@ class SessionTable:
         slot.busy = False
         slot.planned = None
         slot.last_used = time.monotonic()
+
+    def pause(self, slot: Slot) -> Paused:
+        """Copy a running generation's KV out to RAM and free its slot (a copy of the KV in RAM costs a few ms;
+        computing it again, seconds). The KV stays in the slot as its owner's leftover until another request
+        takes the slot, so a resume into it copies nothing back."""
+        held = Paused(slot.owner, slot.session, list(slot.tokens), self._kv.save_seq(slot.seq_id))
+        slot.session = None
+        self.release(slot)
+        self.paused += 1
+        return held
+
+    def resume(self, held: Paused) -> Slot:
+        """An idle slot holding ``held``'s KV again, busy (``idle()`` must be true)."""
+        slot = self._take_slot(held.owner, held.tokens, None)
+        if slot.tokens != held.tokens or slot.owner != held.owner:
+            self._kv.clear_seq(slot.seq_id)
+            slot.tokens = []
+            if not self._kv.load_seq(slot.seq_id, held.state):
+                raise ProtocolError(ErrorCode.INTERNAL, "a paused generation's KV could not be restored")
+        slot.owner, slot.session, slot.tokens = held.owner, held.session, list(held.tokens)
+        slot.busy, slot.last_used = True, time.monotonic()
+        self.paused -= 1
+        return slot
+
+    def forget_paused(self) -> None:
+        """A paused generation ended without resuming (cancelled)."""
+        self.paused -= 1
 
     def _donor(self, owner: str, prompt: list[int]) -> Slot | None:
         mine = [s for s in self.slots if s.owner == owner]

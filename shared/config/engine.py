@@ -37,6 +37,9 @@ class EngineConfig(Section):
     draft_model_path: Path | None = Field(None, description="small GGUF with the same vocabulary, for "
                                                             "spec_drafter: model")
     decode_pause_ms: int = Field(0, ge=0, le=1000, description="sleep between decode steps (thermal relief)")
+    priority_aging_s: float = Field(30.0, ge=0, le=86400, description="a request that has waited or run this "
+                                    "long counts as one class more urgent (twice as long: two), so background "
+                                    "work finishes under continuous interactive load; 0 = never")
     models: dict[str, Path] = Field(default_factory=dict, description="more GGUF models by name, loadable on "
                                                                       "demand; model_path is named 'default'")
     max_models: int = Field(2, ge=1, le=16, description="models resident at once (model slots)")
