@@ -302,14 +302,52 @@ def test_the_official_client_gets_instructions_honoured_metadata_echoed_and_usag
 def test_a_field_the_gateway_cannot_honour_is_a_400_naming_it(stack):
     import openai
     client = openai_client(stack["open"])
-    cases = {"temperature": {"temperature": 0.2}, "max_output_tokens": {"max_output_tokens": 64},
-             "tool_choice": {"tool_choice": "required"},
+    cases = {"max_tool_calls": {"max_tool_calls": 2}, "top_logprobs": {"top_logprobs": 2},
              "include": {"include": ["reasoning.encrypted_content"]}, "text": {"text": {"format": {"type": "text"}}},
-             "made_up": {"extra_body": {"made_up": 1}}}
+             "truncation": {"truncation": "auto"}, "made_up": {"extra_body": {"made_up": 1}},
+             "tool_choice": {"tool_choice": {"type": "function", "name": "no_such_tool"}}}
     for field, extra in cases.items():
         with pytest.raises(openai.BadRequestError) as refused:
             client.responses.create(input="hi", **extra)
         assert refused.value.param == field, (field, refused.value.body)
+
+
+def test_temperature_and_top_p_reach_every_step(stack):
+    """Greedy is the default; a hot sampler writes another sentence, and top_p 0.01 makes it as sure as a cold one."""
+    client = openai_client(stack["open"])
+    ask = "Write one sentence about the sea."
+    cold = client.responses.create(input=ask, temperature=0.01).output_text
+    hot = client.responses.create(input=ask, temperature=1.5, top_p=1).output_text
+    narrow = client.responses.create(input=ask, temperature=1.5, top_p=0.01).output_text
+    assert hot != cold and narrow == cold, (cold, hot, narrow)
+
+
+def test_max_output_tokens_caps_the_whole_run(stack):
+    """The cap counts every step's tokens: the calculator's call fits, the answer after it is cut where it runs out."""
+    client = openai_client(stack["open"])
+    goal = "What is 4738 * 2961?"
+    full = client.responses.create(input=goal)
+    assert full.status == "completed" and full.usage.output_tokens > 20, full
+    capped = client.responses.create(input=goal, max_output_tokens=full.usage.output_tokens - 3)
+    assert capped.status == "incomplete" and capped.incomplete_details.reason == "max_output_tokens", capped
+    assert capped.usage.output_tokens <= full.usage.output_tokens - 3, capped.usage
+    assert [i.type for i in capped.output] == [i.type for i in full.output], capped.output  # the call ran, then cut
+    assert full.output_text.startswith(capped.output_text) and capped.output_text != full.output_text, capped
+
+
+def test_tool_choice_none_required_named_and_parallel_tool_calls(stack):
+    client = openai_client(stack["open"])
+    plain = client.responses.create(input="What is 4738 * 2961?", tool_choice="none")
+    assert plain.status == "completed" and [i.type for i in plain.output] == ["message"], plain.output  # no tools
+
+    def first_step_calls(**extra) -> list[str]:
+        """The calls the run's first step made, for a task that needs no tool at all."""
+        reply = client.responses.create(input="Say hello.", tools=[THERMOMETER], **extra)
+        return [i.name for i in reply.output if i.type in ("tool_call", "function_call") and i.step == 1]
+
+    assert first_step_calls(tool_choice={"type": "function", "name": "read_thermometer"}) == ["read_thermometer"]
+    assert len(first_step_calls(tool_choice="required")) == 2  # it calls the calculator and the thermometer
+    assert len(first_step_calls(tool_choice="required", parallel_tool_calls=False)) == 1
 
 
 def test_a_streamed_run_reports_every_steps_usage_on_its_last_event(stack):

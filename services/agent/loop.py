@@ -112,7 +112,7 @@ class Trace:
     session_id: str
     steps: list[Step] = field(default_factory=list)
     answer: str | None = None
-    stopped: str = "max_iterations"  # final_answer | max_iterations | error
+    stopped: str = "max_iterations"  # final_answer | max_iterations | max_output_tokens | error
     error: str | None = None
     memories: list[str] = field(default_factory=list)  # recalled into the first prompt
     warnings: list[str] = field(default_factory=list)  # what failed but did not stop the run
@@ -123,6 +123,17 @@ class Trace:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Steering:
+    """What the Responses API lets a caller set for one run; None: the agent's configuration (``agent:``)."""
+
+    temperature: float | None = None  # of every step
+    top_p: float | None = None
+    max_output_tokens: int | None = None  # the run's generated tokens in all; reached: stopped "max_output_tokens"
+    tool_choice: str | dict = "auto"  # the first step's, as the chat message takes it; "none": no tools offered
+    parallel_tool_calls: bool = True  # False: a step's first call is taken, the others are dropped
 
 
 @dataclass
@@ -214,11 +225,13 @@ class Run:
     """One run's state and logic; ``pending`` is the request to carry next (None once ``trace`` is final)."""
 
     def __init__(self, config: Config, goal: str, session_id: str, max_iterations: int | None,
-                 caller_tools: Sequence[dict] = (), instructions: str | None = None, earlier: Conversation | None = None):
+                 caller_tools: Sequence[dict] = (), instructions: str | None = None, earlier: Conversation | None = None,
+                 steering: Steering = Steering()):
         """``caller_tools``: OpenAI tool specs whose calls go to the service ``caller`` (the run's own client);
         ``instructions``: the caller's system text, after the agent's own (which carries its tool policy);
         ``earlier``: the conversation this run goes on (``goal`` is then its last question)."""
         self.config = config
+        self.steering = steering
         self.system = f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT
         self.caller_tools = list(caller_tools)
         self.earlier = earlier
@@ -247,7 +260,9 @@ class Run:
         trace = self.trace
         started = time.monotonic()
         try:
-            specs = tool_specs((yield self._ask("tools", "tool.list"))["tools"]) + self.caller_tools
+            steering = self.steering
+            specs = [] if steering.tool_choice == "none" else (
+                tool_specs((yield self._ask("tools", "tool.list"))["tools"]) + self.caller_tools)
             n_ctx = (yield self._ask("inference", "health")).get("n_ctx") or self.config.engine.n_ctx
             context = ContextManager(n_ctx, self.config.memory.budget, self.config.memory.summary_max_tokens)
             context.overhead = (yield from self._budgeted(context.count(json.dumps(specs)))) + _TEMPLATE_GUESS
@@ -267,6 +282,9 @@ class Run:
                 t0 = time.monotonic()
                 # The last step, and the step after a repeated call, must answer: no tool call can open.
                 must_answer = answer_now or index == self.max_iterations
+                if self._budget_left() == 0:
+                    trace.stopped = "max_output_tokens"
+                    break
                 if must_answer and memory.facts:
                     step = yield from self._answer_from(memory, index)
                     trace.answer, trace.stopped = step.content, FINAL_ANSWER
@@ -275,24 +293,30 @@ class Run:
                 compress = index - last_compressed >= _COMPRESS_EVERY and (yield from self._advised_to_compress())
                 built = yield from self._budgeted(context.build(self.system, opening, history,
                                                                memories=trace.memories, compress=compress))
-                choice: str | dict = "none" if must_answer else "auto"
-                if forced and choice == "auto":
+                choice: str | dict = "none" if must_answer or not specs else "auto"
+                if index == 1 and choice == "auto" and steering.tool_choice != "auto":  # the caller's, first step
+                    choice = steering.tool_choice
+                elif forced and choice == "auto":
                     choice = _named(forced)
                 elif insist and choice == "auto":  # after an answer sent back: the reader, or the calculator
                     choice = insist
                 elif choice == "auto" and memory.unread(trace.goal):  # the goal names a file not read yet: read it
                     choice = _reader(specs, memory) or choice  # (a small model otherwise reaches for another tool)
                 insist = None
-                agent = self.config.agent
-                reply = yield self._chat(built.messages, tools=specs, tool_choice=choice,
-                                         max_tokens=agent.max_step_tokens, temperature=agent.temperature)
+                reply = yield self._step_chat(built.messages, tools=specs or None, tool_choice=choice)
                 context.observe(built, reply.get("prompt_tokens", 0))
                 step = self._record(index, built, reply, compress)
                 step.ms = round((time.monotonic() - t0) * 1000, 1)
+                if reply.get("finish_reason") == "length" and self._budget_left() == 0:  # cut by the run's cap
+                    trace.stopped = "max_output_tokens"
+                    break
                 if compress and built.summarized_turns:
                     last_compressed = index
                 message = reply["message"]
                 calls = message.get("tool_calls") or []
+                if len(calls) > 1 and not steering.parallel_tool_calls:
+                    calls = calls[:1]
+                    message = {**message, "tool_calls": calls}
                 written = (_written_call(step.content, tool_names, f"written-{index}")
                            if not calls and index < self.max_iterations else None)
                 if written:  # a call written as the reply's text, not an answer: made as the model means it
@@ -368,14 +392,26 @@ class Run:
         body = chat_body(messages, session, model=self.config.agent.model, seed=0, **params)
         return Request("inference", "chat", body, session)
 
+    def _step_chat(self, messages: list[dict], in_session: bool = True, **params: Any) -> Request:
+        """A step's ``chat`` request: the caller's sampling, else the agent's; at most the tokens the run has left."""
+        agent, steering = self.config.agent, self.steering
+        temperature = agent.temperature if steering.temperature is None else steering.temperature
+        left = self._budget_left()
+        max_tokens = agent.max_step_tokens if left is None else min(agent.max_step_tokens, left)
+        return self._chat(messages, in_session, max_tokens=max_tokens, temperature=temperature,
+                          top_p=steering.top_p, **params)
+
+    def _budget_left(self) -> int | None:
+        """Tokens the run may still generate (None: no cap but each step's)."""
+        cap = self.steering.max_output_tokens
+        return None if cap is None else max(0, cap - self.trace.output_tokens)
+
     def _answer_from(self, memory: WorkingMemory, index: int) -> Generator[Request, Any, Step]:
         """The step that answers from the working memory alone (outside the session: its prompt is not the
         conversation's)."""
         messages = [{"role": "system", "content": _ANSWER_SYSTEM},
                     {"role": "user", "content": _ANSWER_NOW.format(note=memory.note())}]
-        agent = self.config.agent
-        reply = yield self._chat(messages, in_session=False, max_tokens=agent.max_step_tokens,
-                                 temperature=agent.temperature)
+        reply = yield self._step_chat(messages, in_session=False)
         return self._record(index, None, reply, False)
 
     def _record(self, index: int, built: BuiltPrompt | None, reply: dict, compressed: bool) -> Step:

@@ -35,7 +35,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request as HttpRequest
 
 from services.agent.context import Turn, turn_text
-from services.agent.loop import Conversation, Request, Run
+from services.agent.loop import Conversation, Request, Run, Steering
 from services.gateway.access import Caller, Context, Gateway, owned, scoped
 from services.gateway.completions import unless_disconnected
 from services.gateway.errors import ApiError, bad_request, documented, from_service_error
@@ -45,6 +45,7 @@ from services.gateway.schemas import (
     FunctionCallItem,
     FunctionCallOutput,
     FunctionTool,
+    FunctionToolChoice,
     IncompleteDetails,
     InputMessage,
     InputTokensDetails,
@@ -70,7 +71,8 @@ router = APIRouter()
 STREAM_EVENTS = {"/v1/responses": ResponseEvent}
 
 #: The loop's end -> the response's status.
-_STATUS = {FINAL_ANSWER: "completed", "max_iterations": "incomplete", "error": "failed"}
+_STATUS = {FINAL_ANSWER: "completed", "max_iterations": "incomplete", "max_output_tokens": "incomplete",
+           "error": "failed"}
 #: A response's status -> the event that ends its stream, where they differ.
 _TERMINAL = {"requires_action": "completed"}
 #: Session drops in flight (asyncio keeps only weak references to tasks).
@@ -86,9 +88,10 @@ class AgentRun:
 
     def __init__(self, gw: Gateway, owner: str | None, model: str | None, goal: str, tools: list[FunctionTool],
                  instructions: str | None = None, earlier: Conversation | None = None, session_id: str | None = None,
-                 store: bool = True):
+                 store: bool = True, steering: Steering = Steering()):
         """``earlier``: the conversation the run goes on, in ``session_id`` (None: a session of its own);
-        ``store``: keep the finished response for GET and the next turn."""
+        ``store``: keep the finished response for GET and the next turn; ``steering``: the caller's sampling
+        and tool choice."""
         config = gw.config
         if model:
             config = config.model_copy(update={"agent": config.agent.model_copy(update={"model": model})})
@@ -97,7 +100,7 @@ class AgentRun:
         self.gw, self.owner, self.tools, self.instructions, self.store = gw, owner, tools, instructions, store
         self.model = model or config.agent.model or "default"
         self.caller_tools = {t.name for t in tools}
-        self.loop = Run(config, goal, session_id or _id("agent"), None, specs, instructions, earlier)
+        self.loop = Run(config, goal, session_id or _id("agent"), None, specs, instructions, earlier, steering)
         self.metadata: dict[str, str] = {}  # the caller's, echoed on each response of the run
         self._counted = (0, 0, 0)  # the trace's (input, cached, output) tokens when the last response was made
         self.session = scoped(owner, self.loop.trace.session_id)
@@ -139,10 +142,18 @@ class AgentRun:
         else:
             if req.type == "tool.list":  # a caller's tool shadows a configured one of its name for this run
                 reply = {**reply, "tools": [t for t in reply["tools"] if t["name"] not in self.caller_tools]}
+                self._check_choice({t["name"] for t in reply["tools"]} | self.caller_tools)
             return reply
         if not self.loop.trace.steps and not req.optional:
             raise from_service_error(error)
         return error
+
+    def _check_choice(self, tools: set[str]) -> None:
+        """A tool_choice naming a function refused before the run starts when no tool of the run has that name."""
+        choice = self.loop.steering.tool_choice
+        if isinstance(choice, dict) and choice["function"]["name"] not in tools:
+            raise bad_request(f"tool_choice names {choice['function']['name']!r}, which is none of this run's "
+                              "tools", "tool_choice")
 
     def _new_items(self) -> Iterator[OutputItem]:
         """Items for what the trace gained: a new step's text, and its calls of configured tools (a caller's
@@ -173,7 +184,7 @@ class AgentRun:
         if status == "failed":
             code, _, message = (trace.error or "internal: the run failed").partition(": ")
             error = ResponseError(code=code, message=message)
-        incomplete = IncompleteDetails(reason="max_iterations") if status == "incomplete" else None
+        incomplete = IncompleteDetails(reason=trace.stopped) if status == "incomplete" else None
         return Response(id=response_id, created_at=created, model=self.model, status=status, output=output,
                         previous_response_id=previous, error=error, incomplete_details=incomplete,
                         metadata=self.metadata, usage=self._usage() if final else None)
@@ -329,17 +340,27 @@ def _new_run(req: ResponseRequest, gw: Gateway, owner: str | None, previous: str
         raise bad_request("two tools share a name", "tools")
     items = [InputMessage(role="user", content=req.input)] if isinstance(req.input, str) else req.input
     instructions = _instructions(req.instructions, items)
-    store = req.store is not False
+    store, steering = req.store is not False, _steering(req)
     if previous is None:
         goal, earlier = _conversation(items)
-        return AgentRun(gw, owner, req.model, goal, req.tools or [], instructions, earlier, store=store)
+        return AgentRun(gw, owner, req.model, goal, req.tools or [], instructions, earlier, store=store,
+                        steering=steering)
     before, warm = stored.go_on(previous, owner)
     turns, facts = _turns(items)
     goal = _last_question(items)
     earlier = Conversation(before.conversation.opening, [*before.conversation.turns, *turns],
                            before.conversation.memories, [*before.conversation.facts, *facts])
     return AgentRun(gw, owner, req.model or before.response.model, goal, req.tools or before.tools,
-                    instructions or before.instructions, earlier, before.session_id if warm else None, store)
+                    instructions or before.instructions, earlier, before.session_id if warm else None, store,
+                    steering)
+
+
+def _steering(req: ResponseRequest) -> Steering:
+    """The request's sampling and tool settings, as the loop takes them (a named function in chat's shape)."""
+    choice = req.tool_choice or "auto"
+    if isinstance(choice, FunctionToolChoice):
+        choice = {"type": "function", "function": {"name": choice.name}}
+    return Steering(req.temperature, req.top_p, req.max_output_tokens, choice, req.parallel_tool_calls is not False)
 
 
 def _instructions(instructions: str | None, items: list) -> str | None:

@@ -459,9 +459,15 @@ class FunctionCallOutput(_Request):
     output: str = Field(max_length=MAX_PROMPT_CHARS)
 
 
+class FunctionToolChoice(ToolName):
+    """The Responses API's named tool choice: the run's first step calls this function."""
+
+    type: Literal["function"]
+
+
 class ResponseRequest(_Request):
-    """Every field is honoured or refused: a field OpenAI defines that this server cannot honour (temperature,
-    top_p, max_output_tokens, text, reasoning, truncation, ...), or one nobody defines, is a 400 naming it."""
+    """Every field is honoured or refused: a field OpenAI defines that this server cannot honour (text,
+    reasoning, truncation, max_tool_calls, ...), or one nobody defines, is a 400 naming it."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     model: ModelName | None = Field(None, description="default: agent.model, else the engine's default model")
@@ -486,8 +492,15 @@ class ResponseRequest(_Request):
         None, max_length=MAX_METADATA_PAIRS, description="echoed on the response")
     include: Annotated[list[str], Field(max_length=0)] | None = Field(
         None, description="only empty: no extra output (reasoning, logprobs) is produced")
-    tool_choice: Literal["auto"] | None = Field(None, description="only auto (the agent's step policy chooses)")
-    parallel_tool_calls: Literal[True] | None = Field(None, description="only true: a step may call several tools")
+    tool_choice: Literal["auto", "required", "none"] | FunctionToolChoice | None = Field(
+        None, description="auto (default: the agent's step policy chooses); required: the first step calls a tool; "
+                          "a named function: the first step calls it; none: no tools are offered")
+    parallel_tool_calls: bool | None = Field(None, description="default true; false: at most one call per step")
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, description="default: agent.temperature")
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_output_tokens: MaxTokens | None = Field(None, description="the run's generated tokens in all (every "
+                                                                  "step's); reached: status incomplete, reason "
+                                                                  "max_output_tokens")
     store: bool | None = Field(None, description="default true: the finished response is kept for GET and "
                                                  "previous_response_id (gateway.agent_wait_s); false: not kept (a "
                                                  "run waiting for a caller's call is still held for its output)")
@@ -545,7 +558,7 @@ class ResponseError(_Reply):
 
 
 class IncompleteDetails(_Reply):
-    reason: Literal["max_iterations"]
+    reason: Literal["max_iterations", "max_output_tokens"]
 
 
 class InputTokensDetails(_Reply):
