@@ -123,10 +123,9 @@ def test_a_configured_tool_task_streams_each_step_and_matches_the_in_process_age
     got = events(stack["open"], {"input": goal})
     names = [name for name, _ in got]
     assert names[0] == "response.created" and names[-1] == "response.completed", names
-    assert set(names[1:-1]) == {"response.output_item.done"}, names
     assert all(data["type"] == name for name, data in got)
     assert [data["sequence_number"] for _, data in got] == list(range(len(got)))
-    items = [data["item"] for _, data in got[1:-1]]
+    items = [data["item"] for name, data in got if name == "response.output_item.done"]
     final = got[-1][1]["response"]
     assert final["status"] == "completed" and final["output"] == items
     calls = [item for item in items if item["type"] == "tool_call"]
@@ -348,6 +347,50 @@ def test_tool_choice_none_required_named_and_parallel_tool_calls(stack):
     assert first_step_calls(tool_choice={"type": "function", "name": "read_thermometer"}) == ["read_thermometer"]
     assert len(first_step_calls(tool_choice="required")) == 2  # it calls the calculator and the thermometer
     assert len(first_step_calls(tool_choice="required", parallel_tool_calls=False)) == 1
+
+
+def stream_event_classes() -> dict[str, type]:
+    """The official SDK's class for each stream event type it knows."""
+    from typing import get_args
+
+    from openai.types.responses import ResponseStreamEvent
+    union = get_args(ResponseStreamEvent)[0]
+    return {get_args(cls.model_fields["type"].annotation)[0]: cls for cls in get_args(union)}
+
+
+def test_the_official_client_reads_every_streamed_event_and_streams_the_answer_it_gets_unstreamed(stack):
+    """Each event parses into the SDK's own class for its type; the text streamed as deltas, the streamed
+    response's and the SDK's stream helper's are the unstreamed run's (greedy: the same run)."""
+    client, classes = openai_client(stack["open"]), stream_event_classes()
+    goal = "What is 4738 * 2961?"
+    plain = client.responses.create(input=goal)
+    assert plain.status == "completed" and "14029218" in plain.output_text.replace(",", ""), plain
+    streamed = list(client.responses.create(input=goal, stream=True))
+    assert [type(e) for e in streamed] == [classes[e.type] for e in streamed], [e.type for e in streamed]
+    kinds = [e.type for e in streamed]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.completed", kinds
+    assert "".join(e.delta for e in streamed if e.type == "response.output_text.delta") == plain.output_text
+    assert streamed[-1].response.output_text == plain.output_text
+    assert [(i.type, getattr(i, "output", None)) for i in streamed[-1].response.output] == [
+        (i.type, getattr(i, "output", None)) for i in plain.output]
+    with client.responses.stream(model="default", input=goal) as stream:  # it checks each item is added, filled, done
+        assert {e.type for e in stream} >= {"response.output_item.added", "response.content_part.added",
+                                            "response.output_text.done", "response.content_part.done"}
+        assert stream.get_final_response().output_text == plain.output_text
+
+
+def test_a_streamed_function_call_comes_as_its_arguments_delta_and_done(stack):
+    client, classes = openai_client(stack["open"]), stream_event_classes()
+    with client.responses.stream(model="default", input="How warm is it in the kitchen right now?",
+                                 tools=[THERMOMETER]) as stream:
+        streamed = list(stream)
+        final = stream.get_final_response()
+    raw = [e for e in streamed if e.type in classes]  # the helper adds events of its own (with a snapshot)
+    assert all(isinstance(e, classes[e.type]) for e in raw), [e.type for e in raw]
+    call = final.output[-1]
+    assert call.type == "function_call" and json.loads(call.arguments) == {"room": "kitchen"}, final.output
+    assert [e.delta for e in raw if e.type == "response.function_call_arguments.delta"] == [call.arguments]
+    assert [e.arguments for e in raw if e.type == "response.function_call_arguments.done"] == [call.arguments]
 
 
 def test_a_streamed_run_reports_every_steps_usage_on_its_last_event(stack):

@@ -142,18 +142,21 @@ class AgentRun:
         else:
             if req.type == "tool.list":  # a caller's tool shadows a configured one of its name for this run
                 reply = {**reply, "tools": [t for t in reply["tools"] if t["name"] not in self.caller_tools]}
-                self._check_choice({t["name"] for t in reply["tools"]} | self.caller_tools)
+                self._check_choice({t["name"] for t in reply["tools"] if t.get("available", True)} | self.caller_tools)
             return reply
         if not self.loop.trace.steps and not req.optional:
             raise from_service_error(error)
         return error
 
     def _check_choice(self, tools: set[str]) -> None:
-        """A tool_choice naming a function refused before the run starts when no tool of the run has that name."""
+        """A tool_choice the run's tools cannot meet, refused before the run starts: a name none of them has,
+        or required with no tools at all."""
         choice = self.loop.steering.tool_choice
         if isinstance(choice, dict) and choice["function"]["name"] not in tools:
             raise bad_request(f"tool_choice names {choice['function']['name']!r}, which is none of this run's "
                               "tools", "tool_choice")
+        if choice == "required" and not tools:
+            raise bad_request("tool_choice is required, but this run has no tools", "tool_choice")
 
     def _new_items(self) -> Iterator[OutputItem]:
         """Items for what the trace gained: a new step's text, and its calls of configured tools (a caller's
@@ -285,8 +288,8 @@ def install(app, gw: Gateway) -> None:
 
 
 @router.post("/v1/responses", response_model=Response, responses={
-    200: {"description": "the run's response; with stream: true, server-sent events, one per step's item, then "
-                         "the response"}, **documented(400, 401, 404, 413, 429, 503, 504)},
+    200: {"description": "the run's response; with stream: true, server-sent events as OpenAI streams them "
+                         "(each item added, its text or arguments, done), then the response"}, **documented(400, 401, 404, 413, 429, 503, 504)},
     summary="Run Magnitude's agent: configured tools run here, the caller's come back as function calls")
 async def responses(req: ResponseRequest, gw: Context, owner: Caller, http: HttpRequest):
     runs: Runs = http.app.state.runs
@@ -476,8 +479,8 @@ class _Finish:
 
 async def _events(finish: _Finish, run: AgentRun, response_id: str, created: int, previous: str | None,
                   first: OutputItem | None, items: AsyncIterator[OutputItem]):
-    """response.created, each item as it is made, then the response (its status names the event). A client
-    that goes away cancels this, and with it the step in flight: the run ends there."""
+    """response.created and .in_progress, each item's events as it is made, then the response (its status names
+    the event). A client that goes away cancels this, and with it the step in flight: the run ends there."""
     sequence, output = itertools.count(), []
 
     def event(kind: str, **fields) -> ServerSentEvent:
@@ -486,12 +489,19 @@ async def _events(finish: _Finish, run: AgentRun, response_id: str, created: int
 
     finished = False
     try:
-        yield event("response.created", response=run.response(response_id, created, previous, [], final=False).model_copy(
-            update={"status": "in_progress"}))
+        started = run.response(response_id, created, previous, [], final=False).model_copy(
+            update={"status": "in_progress"})
+        yield event("response.created", response=started)
+        yield event("response.in_progress", response=started)
         async for item in _chain(first, items):
             output.append(item)
-            yield event("response.output_item.done", output_index=len(output) - 1, item=item)
-        response = finish(run.response(response_id, created, previous, output))
+            for kind, fields in _item_events(len(output) - 1, item):
+                yield event(kind, **fields)
+        try:
+            response = finish(run.response(response_id, created, previous, output))
+        except ApiError as err:  # no room to park the run (finish ended it): the stream has begun, so it fails
+            response = run.response(response_id, created, previous, output).model_copy(
+                update={"status": "failed", "error": ResponseError(code=err.code, message=err.message)})
         finished = True
         # a run waiting for a caller's tool ends its stream as OpenAI's does, with response.completed (the
         # event the SDKs wait for); its response's status still says requires_action
@@ -499,6 +509,29 @@ async def _events(finish: _Finish, run: AgentRun, response_id: str, created: int
     finally:
         if not finished:
             run.end()
+
+
+#: What an item holds when it is added, before its deltas fill it.
+_EMPTY = {"message": {"content": []}, "function_call": {"arguments": ""}, "tool_call": {"output": ""}}
+
+
+def _item_events(index: int, item: OutputItem) -> Iterator[tuple[str, dict]]:
+    """One item's events, as OpenAI streams them: added (empty, in progress), its text parts or its arguments
+    (each whole, as one delta: a step's text is known once the step is done), then done."""
+    at = {"output_index": index}
+    yield "response.output_item.added", {**at, "item": item.model_copy(update={"status": "in_progress",
+                                                                                **_EMPTY[item.type]})}
+    if isinstance(item, MessageItem):
+        for n, part in enumerate(item.content):
+            where = {**at, "item_id": item.id, "content_index": n}
+            yield "response.content_part.added", {**where, "part": part.model_copy(update={"text": ""})}
+            yield "response.output_text.delta", {**where, "delta": part.text, "logprobs": []}
+            yield "response.output_text.done", {**where, "text": part.text, "logprobs": []}
+            yield "response.content_part.done", {**where, "part": part}
+    elif isinstance(item, FunctionCallItem):
+        yield "response.function_call_arguments.delta", {**at, "item_id": item.id, "delta": item.arguments}
+        yield "response.function_call_arguments.done", {**at, "item_id": item.id, "arguments": item.arguments}
+    yield "response.output_item.done", {**at, "item": item}
 
 
 async def _chain(first: OutputItem | None, rest: AsyncIterator[OutputItem]) -> AsyncIterator[OutputItem]:

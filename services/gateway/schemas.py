@@ -518,7 +518,7 @@ class MessageItem(_Reply):
     type: Literal["message"] = "message"
     id: str
     role: Literal["assistant"] = "assistant"
-    status: Literal["completed"] = "completed"
+    status: Literal["in_progress", "completed"] = "completed"
     content: list[OutputText]
     step: int = Field(description="extension: the model turn it came from")
 
@@ -531,7 +531,7 @@ class FunctionCallItem(_Reply):
     call_id: str
     name: str
     arguments: str = Field(description="a JSON object, as a string")
-    status: Literal["completed"] = "completed"
+    status: Literal["in_progress", "completed"] = "completed"
     step: int
 
 
@@ -545,7 +545,7 @@ class ToolCallItem(_Reply):
     arguments: str
     output: str
     error: str | None = None
-    status: Literal["completed", "failed"]
+    status: Literal["in_progress", "completed", "failed"]
     step: int
 
 
@@ -602,11 +602,22 @@ class ResponseDeleted(_Reply):
 
 
 class ResponseEvent(_Reply):
-    """One SSE event of a streamed run (its ``event:`` is its ``type``)."""
+    """One SSE event of a streamed run (its ``event:`` is its ``type``), in the sequence OpenAI's SDKs read: each
+    item added, its text or arguments as a delta then done, the item done; the response's lifecycle around them."""
 
-    type: Literal["response.created", "response.output_item.done", "response.completed", "response.requires_action",
+    type: Literal["response.created", "response.in_progress", "response.output_item.added",
+                  "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+                  "response.content_part.done", "response.function_call_arguments.delta",
+                  "response.function_call_arguments.done", "response.output_item.done", "response.completed",
                   "response.incomplete", "response.failed"]
     sequence_number: int
-    response: Response | None = Field(None, description="in response.created and the last event")
-    output_index: int | None = Field(None, description="in response.output_item.done")
-    item: OutputItem | None = None
+    response: Response | None = Field(None, description="in the lifecycle events (created, in_progress, the last)")
+    output_index: int | None = Field(None, description="in an item's events")
+    item: OutputItem | None = Field(None, description="in output_item.added (empty, in progress) and .done")
+    item_id: str | None = Field(None, description="in a content part's, text's and arguments' events")
+    content_index: int | None = None
+    part: OutputText | None = Field(None, description="in content_part.added (no text yet) and .done")
+    delta: str | None = Field(None, description="in output_text.delta and function_call_arguments.delta")
+    text: str | None = Field(None, description="in output_text.done")
+    arguments: str | None = Field(None, description="in function_call_arguments.done")
+    logprobs: list[Any] | None = Field(None, description="in output_text.delta and .done: always empty")
