@@ -334,7 +334,7 @@ class Run:
                 if reasons:  # a candidate answer the working memory does not back: asked again, with what is missing
                     checks -= 1  # (the answer itself stays out of the history: the model would copy it next time)
                     step.rejected = "; ".join(reasons)
-                    history.append(Turn("user", _NOT_YET.format(note=memory.note(), reasons=step.rejected)))
+                    history.append(Turn("user", _NOT_YET.format(note=memory.note(), reasons=step.rejected), note=True))
                     if memory.still_to_read(step.content):
                         insist = _reader(specs, memory)
                     elif memory.needs_computing(step.content):
@@ -360,7 +360,8 @@ class Run:
                     continue
                 if step.repeated:  # once per run: the result again, with a note, in the call's place
                     told = (len(history), index)
-                history.append(Turn("assistant", turn_text(message), message=message))  # as sent: the KV matches
+                history.append(Turn("assistant", turn_text(message), message=message,  # as sent: the KV matches
+                                    note=step.repeated))
                 for call, key in zip(calls, keys):
                     if step.repeated:
                         result = _REPEATED.format(output=_result(made[key]))
@@ -370,8 +371,8 @@ class Run:
                         result = _result(done)
                         memory.add(done.name, done.arguments, result)
                     history.append(Turn("tool", result, message={"role": "tool", "tool_call_id": call.get("id"),
-                                                                 "name": key[0], "content": result}))
-                history.append(Turn("user", _NEXT.format(note=memory.note())))
+                                                                 "name": key[0], "content": result}, note=step.repeated))
+                history.append(Turn("user", _NEXT.format(note=memory.note()), note=True))
                 if memory.counting() and not memory.still_to_read(""):  # what to count is read: the count is read
                     answer_now = True  # off the note's numbered lines (the 1.5B wrote Python for the calculator)
                 step.ms = round((time.monotonic() - t0) * 1000, 1)
@@ -380,9 +381,12 @@ class Run:
         trace.elapsed_s = round(time.monotonic() - started, 3)
 
     def conversation(self) -> Conversation:
-        """The conversation as this run leaves it, its answer included: what its next user turn goes on."""
+        """The conversation as this run leaves it, its answer included: what its next user turn goes on. The
+        agent's notes are left out, so a turn that goes on from it sees what a client re-sending the whole
+        conversation sends, and answers as that client's run would."""
+        said = [turn for turn in self.history if not turn.note]
         answer = [Turn("assistant", self.trace.answer)] if self.trace.answer else []
-        return Conversation(self.earlier.opening if self.earlier else self.trace.goal, [*self.history, *answer],
+        return Conversation(self.earlier.opening if self.earlier else self.trace.goal, [*said, *answer],
                             list(self.trace.memories), list(self.memory.facts) if self.memory else [])
 
     def _chat(self, messages: list[dict], in_session: bool = True, **params: Any) -> Request:
