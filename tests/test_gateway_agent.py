@@ -22,7 +22,8 @@ from services.gateway.keys import create_key, read_local_key
 from shared import catalog
 from shared.client import Client
 from shared.config import parse_config
-from tests.conftest import REPORT, ServiceProcess, make_config, require_model, wait_for, write_config
+from tests.conftest import (REPORT, ServiceProcess, make_config, require_model, stream_event_classes, wait_for,
+                            write_config)
 
 pytestmark = pytest.mark.model
 
@@ -347,15 +348,6 @@ def test_tool_choice_none_required_named_and_parallel_tool_calls(stack):
     assert first_step_calls(tool_choice={"type": "function", "name": "read_thermometer"}) == ["read_thermometer"]
     assert len(first_step_calls(tool_choice="required")) == 2  # it calls the calculator and the thermometer
     assert len(first_step_calls(tool_choice="required", parallel_tool_calls=False)) == 1
-
-
-def stream_event_classes() -> dict[str, type]:
-    """The official SDK's class for each stream event type it knows."""
-    from typing import get_args
-
-    from openai.types.responses import ResponseStreamEvent
-    union = get_args(ResponseStreamEvent)[0]
-    return {get_args(cls.model_fields["type"].annotation)[0]: cls for cls in get_args(union)}
 
 
 def test_the_official_client_reads_every_streamed_event_and_streams_the_answer_it_gets_unstreamed(stack):
