@@ -486,3 +486,16 @@ def test_a_conversation_with_caller_calls_reuses_its_kv_and_answers_as_the_whole
 def calls(items: list[dict]) -> list[dict]:
     """A turn's calls and results, without the ids each run gives them."""
     return [{k: v for k, v in item.items() if k != "call_id"} for item in items if "call_id" in item]
+
+
+def test_a_re_sent_history_may_hold_the_gateways_own_tool_call_items(stack):
+    """A stateless client re-sends every output item, the tool_call items of the gateway's calculator too: each is
+    read as the call and its result."""
+    url = stack["open"]
+    goal = {"role": "user", "content": "What is 4738 * 2961?"}
+    first = post(url, {"input": [goal]}).json()
+    assert [item["type"] for item in first["output"]] == ["tool_call", "message"], first["output"]
+    question = {"role": "user", "content": "What did the calculator give? Reply with the number only."}
+    reply = post(url, {"input": [goal, *first["output"], question]})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["status"] == "completed" and "14029218" in answer(reply.json()).replace(",", ""), reply.json()

@@ -58,6 +58,7 @@ from services.gateway.schemas import (
     ResponseEvent,
     ResponseRequest,
     ResponseUsage,
+    ToolCallInput,
     ToolCallItem,
 )
 from shared.client import ServiceError
@@ -399,7 +400,7 @@ def _turns(items: list) -> tuple[list[Turn], list[tuple[str, str, str]]]:
     turns: list[Turn] = []
     calls: dict[str, FunctionCallInput] = {}
     facts: list[tuple[str, str, str]] = []
-    for item in items:
+    for item in (made for item in items for made in _as_calls(item)):
         if item.type == "function_call":
             calls[item.call_id] = item
             call = {"id": item.call_id, "type": "function",
@@ -423,6 +424,15 @@ def _turns(items: list) -> tuple[list[Turn], list[tuple[str, str, str]]]:
     return turns, facts
 
 
+def _as_calls(item) -> list:
+    """An input item, with a re-sent ``tool_call`` (a configured tool's call and result) as the function call and
+    output it stands for."""
+    if not isinstance(item, ToolCallInput):
+        return [item]
+    return [FunctionCallInput(type="function_call", call_id=item.id, name=item.name, arguments=item.arguments),
+            FunctionCallOutput(type="function_call_output", call_id=item.id, output=item.output)]
+
+
 def _outputs_capped(req: ResponseRequest, cap: int) -> ResponseRequest:
     """The request with each of the caller's tool outputs cut to what a configured tool may give
     (agent.sandbox.max_output_bytes), with a note, as a configured tool's is: the model reads no more of it
@@ -430,7 +440,7 @@ def _outputs_capped(req: ResponseRequest, cap: int) -> ResponseRequest:
     if not isinstance(req.input, list):
         return req
     items = [item.model_copy(update={"output": cap_text(item.output, cap)[0]})
-             if item.type == "function_call_output" else item for item in req.input]
+             if item.type in ("function_call_output", "tool_call") else item for item in req.input]
     return req.model_copy(update={"input": items})
 
 

@@ -451,6 +451,17 @@ class FunctionCallInput(_Request):
     arguments: str = Field(max_length=MAX_PROMPT_CHARS)
 
 
+class ToolCallInput(_Request):
+    """A ``tool_call`` item of an earlier response (a configured tool the gateway ran), re-sent with the history
+    as stateless clients re-send every output item: read as the call and its result."""
+
+    type: Literal["tool_call"]
+    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    name: str = Field(max_length=MAX_CALL_NAME_CHARS)
+    arguments: str = Field(max_length=MAX_PROMPT_CHARS)
+    output: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
 class FunctionCallOutput(_Request):
     """What the caller's tool gave back for a ``function_call`` item of the previous response."""
 
@@ -472,10 +483,10 @@ class ResponseRequest(_Request):
     model_config = ConfigDict(extra="forbid", strict=True)
     model: ModelName | None = Field(None, description="default: agent.model, else the engine's default model")
     input: Annotated[str, Field(min_length=1, max_length=MAX_GOAL_CHARS)] | Annotated[
-        list[InputMessage | FunctionCallInput | FunctionCallOutput],
+        list[InputMessage | FunctionCallInput | FunctionCallOutput | ToolCallInput],
         Field(min_length=1, max_length=MAX_MESSAGES)] = Field(
         description="a new turn: a string, or items (messages of every role, function_call, "
-                    "function_call_output): a whole conversation re-sent, or its new items after "
+                    "function_call_output, the tool_call items of earlier responses): a whole conversation re-sent, or its new items after "
                     "previous_response_id; its last user message is the question. A run waiting for a caller's "
                     "call is resumed by that call's function_call_output, alone or last in the re-sent history")
     tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS,
