@@ -69,6 +69,15 @@ def write_config(home: Path, config: Config) -> Path:
     return path
 
 
+def stream_event_classes() -> dict[str, type]:
+    """The official openai client's class for each Responses stream event type it knows."""
+    from typing import get_args
+
+    from openai.types.responses import ResponseStreamEvent
+    union = get_args(ResponseStreamEvent)[0]
+    return {get_args(cls.model_fields["type"].annotation)[0]: cls for cls in get_args(union)}
+
+
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
     """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

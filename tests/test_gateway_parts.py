@@ -4,11 +4,15 @@ how stream chunks are made from inference's events, and what a request's priorit
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
+from fnmatch import fnmatch
+from typing import get_args, get_type_hints
 
 import pytest
 import structlog
@@ -19,11 +23,12 @@ from services.gateway.errors import from_service_error
 from services.gateway.keys import ApiKeys, create_key, revoke_key
 from services.gateway.middleware import BodyLimit
 from services.gateway.replies import ChatShape, CompletionShape
+from services.gateway.schemas import ResponseEvent, ResponseRequest
 from services.gateway.upstream import Upstreams
 from shared.client import ServiceError
 from shared.config import dump_config, parse_config
 from shared.metrics import ServiceMetrics
-from tests.conftest import REPO
+from tests.conftest import REPO, stream_event_classes
 
 
 # --- API keys --------------------------------------------------------------------------------------
@@ -268,3 +273,29 @@ def test_every_model_step_of_a_response_run_has_its_priority(tmp_path):
         assert status == 200 and reply["status"] == "completed", reply
         chats = [b for t, b in upstreams.sent if t == "chat"]
         assert chats and all(b["priority"] == expected for b in chats), upstreams.sent
+
+
+# --- docs/gateway.md's Responses API tables, against the code -------------------------------------------------
+def doc_table(header: str) -> list[tuple[list[str], str]]:
+    """The rows of the docs/gateway.md table under ``header``: the names written in code in the first cell, and
+    the second cell."""
+    lines = (REPO / "docs" / "gateway.md").read_text().splitlines()
+    rows = itertools.takewhile(lambda line: line.startswith("|"), lines[lines.index(header) + 2:])
+    return [(re.findall(r"`([^`]+)`", first), here) for first, here in (row[2:-2].split(" | ") for row in rows)]
+
+
+def test_the_responses_tables_name_every_field_and_event_as_the_code_handles_it():
+    openai = pytest.importorskip("openai", reason="the official client is in the test extra")
+    from openai.types.responses.response_create_params import ResponseCreateParamsBase
+
+    fields, ours = doc_table("| Request field | Here |"), set(ResponseRequest.model_fields)
+    named = {name for names, _ in fields for name in names}
+    assert ours | set(get_type_hints(ResponseCreateParamsBase)) <= named, openai.__version__
+    for names, here in fields:  # supported: a field of the schema; 400: one it refuses (it forbids extras)
+        assert set(names) <= ours if here.startswith("supported") else not set(names) & ours, names
+
+    events = doc_table("| Stream event | Here |")
+    sent = {name for names, here in events if here.startswith("supported") for name in names}
+    assert sent == set(get_args(ResponseEvent.model_fields["type"].annotation))
+    patterns = [name for names, _ in events for name in names]
+    assert [kind for kind in stream_event_classes() if not any(fnmatch(kind, p) for p in patterns)] == []

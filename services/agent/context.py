@@ -45,6 +45,9 @@ class Turn:
     text: str
     id: str | None = None  # stable id for long-term memory; default: a hash of role and text
     message: dict | None = None  # the chat message sent (tool calls, tool_call_id); default {role, content: text}
+    #: The agent's own prompting (a working-memory note, a repeated call and its result): in the run's prompt, but
+    #: not in the conversation a next turn goes on, which is what a client re-sending it would send.
+    note: bool = False
 
     @property
     def key(self) -> str:
@@ -56,7 +59,7 @@ class Turn:
     def with_text(self, text: str) -> "Turn":
         """The same turn (same key) with its text and message content replaced by ``text``."""
         message = None if self.message is None else {**self.message, "content": text}
-        return Turn(self.role, text, self.key, message)
+        return Turn(self.role, text, self.key, message, self.note)
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ class Trace:
     session_id: str
     steps: list[Step] = field(default_factory=list)
     answer: str | None = None
-    stopped: str = "max_iterations"  # final_answer | max_iterations | error
+    stopped: str = "max_iterations"  # final_answer | max_iterations | max_output_tokens | error
     error: str | None = None
     memories: list[str] = field(default_factory=list)  # recalled into the first prompt
     warnings: list[str] = field(default_factory=list)  # what failed but did not stop the run
@@ -123,6 +123,17 @@ class Trace:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Steering:
+    """What the Responses API lets a caller set for one run; None: the agent's configuration (``agent:``)."""
+
+    temperature: float | None = None  # of every step
+    top_p: float | None = None
+    max_output_tokens: int | None = None  # the run's generated tokens in all; reached: stopped "max_output_tokens"
+    tool_choice: str | dict = "auto"  # the first step's, as the chat message takes it; "none": no tools offered
+    parallel_tool_calls: bool = True  # False: a step's first call is taken, the others are dropped
 
 
 @dataclass
@@ -215,12 +226,14 @@ class Run:
 
     def __init__(self, config: Config, goal: str, session_id: str, max_iterations: int | None,
                  caller_tools: Sequence[dict] = (), instructions: str | None = None, earlier: Conversation | None = None,
-                 priority: str | None = None):
+                 steering: Steering = Steering(), priority: str | None = None):
         """``caller_tools``: OpenAI tool specs whose calls go to the service ``caller`` (the run's own client);
         ``instructions``: the caller's system text, after the agent's own (which carries its tool policy);
-        ``earlier``: the conversation this run goes on (``goal`` is then its last question); ``priority``: the
-        scheduling class of every model step (``shared.protocol.PRIORITIES``; None: the service's default)."""
+        ``earlier``: the conversation this run goes on (``goal`` is then its last question); ``steering``: the
+        caller's sampling and tool choice; ``priority``: the scheduling class of every model step
+        (``shared.protocol.PRIORITIES``; None: the service's default)."""
         self.config = config
+        self.steering = steering
         self.priority = priority
         self.system = f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT
         self.caller_tools = list(caller_tools)
@@ -250,7 +263,9 @@ class Run:
         trace = self.trace
         started = time.monotonic()
         try:
-            specs = tool_specs((yield self._ask("tools", "tool.list"))["tools"]) + self.caller_tools
+            steering = self.steering
+            specs = [] if steering.tool_choice == "none" else (
+                tool_specs((yield self._ask("tools", "tool.list"))["tools"]) + self.caller_tools)
             n_ctx = (yield self._ask("inference", "health")).get("n_ctx") or self.config.engine.n_ctx
             context = ContextManager(n_ctx, self.config.memory.budget, self.config.memory.summary_max_tokens)
             context.overhead = (yield from self._budgeted(context.count(json.dumps(specs)))) + _TEMPLATE_GUESS
@@ -270,6 +285,9 @@ class Run:
                 t0 = time.monotonic()
                 # The last step, and the step after a repeated call, must answer: no tool call can open.
                 must_answer = answer_now or index == self.max_iterations
+                if self._budget_left() == 0:
+                    trace.stopped = "max_output_tokens"
+                    break
                 if must_answer and memory.facts:
                     step = yield from self._answer_from(memory, index)
                     trace.answer, trace.stopped = step.content, FINAL_ANSWER
@@ -278,24 +296,30 @@ class Run:
                 compress = index - last_compressed >= _COMPRESS_EVERY and (yield from self._advised_to_compress())
                 built = yield from self._budgeted(context.build(self.system, opening, history,
                                                                memories=trace.memories, compress=compress))
-                choice: str | dict = "none" if must_answer else "auto"
-                if forced and choice == "auto":
+                choice: str | dict = "none" if must_answer or not specs else "auto"
+                if index == 1 and choice == "auto" and steering.tool_choice != "auto":  # the caller's, first step
+                    choice = steering.tool_choice
+                elif forced and choice == "auto":
                     choice = _named(forced)
                 elif insist and choice == "auto":  # after an answer sent back: the reader, or the calculator
                     choice = insist
                 elif choice == "auto" and memory.unread(trace.goal):  # the goal names a file not read yet: read it
                     choice = _reader(specs, memory) or choice  # (a small model otherwise reaches for another tool)
                 insist = None
-                agent = self.config.agent
-                reply = yield self._chat(built.messages, tools=specs, tool_choice=choice,
-                                         max_tokens=agent.max_step_tokens, temperature=agent.temperature)
+                reply = yield self._step_chat(built.messages, tools=specs or None, tool_choice=choice)
                 context.observe(built, reply.get("prompt_tokens", 0))
                 step = self._record(index, built, reply, compress)
                 step.ms = round((time.monotonic() - t0) * 1000, 1)
+                if reply.get("finish_reason") == "length" and self._budget_left() == 0:  # cut by the run's cap
+                    trace.stopped = "max_output_tokens"
+                    break
                 if compress and built.summarized_turns:
                     last_compressed = index
                 message = reply["message"]
                 calls = message.get("tool_calls") or []
+                if len(calls) > 1 and not steering.parallel_tool_calls:
+                    calls = calls[:1]
+                    message = {**message, "tool_calls": calls}
                 written = (_written_call(step.content, tool_names, f"written-{index}")
                            if not calls and index < self.max_iterations else None)
                 if written:  # a call written as the reply's text, not an answer: made as the model means it
@@ -313,7 +337,7 @@ class Run:
                 if reasons:  # a candidate answer the working memory does not back: asked again, with what is missing
                     checks -= 1  # (the answer itself stays out of the history: the model would copy it next time)
                     step.rejected = "; ".join(reasons)
-                    history.append(Turn("user", _NOT_YET.format(note=memory.note(), reasons=step.rejected)))
+                    history.append(Turn("user", _NOT_YET.format(note=memory.note(), reasons=step.rejected), note=True))
                     if memory.still_to_read(step.content):
                         insist = _reader(specs, memory)
                     elif memory.needs_computing(step.content):
@@ -339,7 +363,8 @@ class Run:
                     continue
                 if step.repeated:  # once per run: the result again, with a note, in the call's place
                     told = (len(history), index)
-                history.append(Turn("assistant", turn_text(message), message=message))  # as sent: the KV matches
+                history.append(Turn("assistant", turn_text(message), message=message,  # as sent: the KV matches
+                                    note=step.repeated))
                 for call, key in zip(calls, keys):
                     if step.repeated:
                         result = _REPEATED.format(output=_result(made[key]))
@@ -349,8 +374,8 @@ class Run:
                         result = _result(done)
                         memory.add(done.name, done.arguments, result)
                     history.append(Turn("tool", result, message={"role": "tool", "tool_call_id": call.get("id"),
-                                                                 "name": key[0], "content": result}))
-                history.append(Turn("user", _NEXT.format(note=memory.note())))
+                                                                 "name": key[0], "content": result}, note=step.repeated))
+                history.append(Turn("user", _NEXT.format(note=memory.note()), note=True))
                 if memory.counting() and not memory.still_to_read(""):  # what to count is read: the count is read
                     answer_now = True  # off the note's numbered lines (the 1.5B wrote Python for the calculator)
                 step.ms = round((time.monotonic() - t0) * 1000, 1)
@@ -359,9 +384,12 @@ class Run:
         trace.elapsed_s = round(time.monotonic() - started, 3)
 
     def conversation(self) -> Conversation:
-        """The conversation as this run leaves it, its answer included: what its next user turn goes on."""
+        """The conversation as this run leaves it, its answer included: what its next user turn goes on. The
+        agent's notes are left out, so a turn that goes on from it sees what a client re-sending the whole
+        conversation sends, and answers as that client's run would."""
+        said = [turn for turn in self.history if not turn.note]
         answer = [Turn("assistant", self.trace.answer)] if self.trace.answer else []
-        return Conversation(self.earlier.opening if self.earlier else self.trace.goal, [*self.history, *answer],
+        return Conversation(self.earlier.opening if self.earlier else self.trace.goal, [*said, *answer],
                             list(self.trace.memories), list(self.memory.facts) if self.memory else [])
 
     def _chat(self, messages: list[dict], in_session: bool = True, **params: Any) -> Request:
@@ -371,14 +399,26 @@ class Run:
         body = chat_body(messages, session, model=self.config.agent.model, seed=0, priority=self.priority, **params)
         return Request("inference", "chat", body, session)
 
+    def _step_chat(self, messages: list[dict], in_session: bool = True, **params: Any) -> Request:
+        """A step's ``chat`` request: the caller's sampling, else the agent's; at most the tokens the run has left."""
+        agent, steering = self.config.agent, self.steering
+        temperature = agent.temperature if steering.temperature is None else steering.temperature
+        left = self._budget_left()
+        max_tokens = agent.max_step_tokens if left is None else min(agent.max_step_tokens, left)
+        return self._chat(messages, in_session, max_tokens=max_tokens, temperature=temperature,
+                          top_p=steering.top_p, **params)
+
+    def _budget_left(self) -> int | None:
+        """Tokens the run may still generate (None: no cap but each step's)."""
+        cap = self.steering.max_output_tokens
+        return None if cap is None else max(0, cap - self.trace.output_tokens)
+
     def _answer_from(self, memory: WorkingMemory, index: int) -> Generator[Request, Any, Step]:
         """The step that answers from the working memory alone (outside the session: its prompt is not the
         conversation's)."""
         messages = [{"role": "system", "content": _ANSWER_SYSTEM},
                     {"role": "user", "content": _ANSWER_NOW.format(note=memory.note())}]
-        agent = self.config.agent
-        reply = yield self._chat(messages, in_session=False, max_tokens=agent.max_step_tokens,
-                                 temperature=agent.temperature)
+        reply = yield self._step_chat(messages, in_session=False)
         return self._record(index, None, reply, False)
 
     def _record(self, index: int, built: BuiltPrompt | None, reply: dict, compressed: bool) -> Step:

@@ -35,7 +35,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request as HttpRequest
 
 from services.agent.context import Turn, turn_text
-from services.agent.loop import Conversation, Request, Run
+from services.agent.loop import Conversation, Request, Run, Steering
 from services.gateway.access import Caller, Context, Gateway, PriorityHeader, owned, scoped
 from services.gateway.completions import unless_disconnected
 from services.gateway.errors import ApiError, bad_request, documented, from_service_error
@@ -45,6 +45,7 @@ from services.gateway.schemas import (
     FunctionCallItem,
     FunctionCallOutput,
     FunctionTool,
+    FunctionToolChoice,
     IncompleteDetails,
     InputMessage,
     InputTokensDetails,
@@ -57,6 +58,7 @@ from services.gateway.schemas import (
     ResponseEvent,
     ResponseRequest,
     ResponseUsage,
+    ToolCallInput,
     ToolCallItem,
 )
 from shared.client import ServiceError
@@ -70,7 +72,8 @@ router = APIRouter()
 STREAM_EVENTS = {"/v1/responses": ResponseEvent}
 
 #: The loop's end -> the response's status.
-_STATUS = {FINAL_ANSWER: "completed", "max_iterations": "incomplete", "error": "failed"}
+_STATUS = {FINAL_ANSWER: "completed", "max_iterations": "incomplete", "max_output_tokens": "incomplete",
+           "error": "failed"}
 #: A response's status -> the event that ends its stream, where they differ.
 _TERMINAL = {"requires_action": "completed"}
 #: Session drops in flight (asyncio keeps only weak references to tasks).
@@ -86,9 +89,10 @@ class AgentRun:
 
     def __init__(self, gw: Gateway, owner: str | None, model: str | None, goal: str, tools: list[FunctionTool],
                  instructions: str | None = None, earlier: Conversation | None = None, session_id: str | None = None,
-                 store: bool = True, priority: str | None = None):
+                 store: bool = True, steering: Steering = Steering(), priority: str | None = None):
         """``earlier``: the conversation the run goes on, in ``session_id`` (None: a session of its own);
-        ``store``: keep the finished response for GET and the next turn; ``priority``: every model step's."""
+        ``store``: keep the finished response for GET and the next turn; ``steering``: the caller's sampling
+        and tool choice; ``priority``: every model step's."""
         config = gw.config
         if model:
             config = config.model_copy(update={"agent": config.agent.model_copy(update={"model": model})})
@@ -97,7 +101,8 @@ class AgentRun:
         self.gw, self.owner, self.tools, self.instructions, self.store = gw, owner, tools, instructions, store
         self.model = model or config.agent.model or "default"
         self.caller_tools = {t.name for t in tools}
-        self.loop = Run(config, goal, session_id or _id("agent"), None, specs, instructions, earlier, priority)
+        self.loop = Run(config, goal, session_id or _id("agent"), None, specs, instructions, earlier, steering,
+                        priority)
         self.metadata: dict[str, str] = {}  # the caller's, echoed on each response of the run
         self._counted = (0, 0, 0)  # the trace's (input, cached, output) tokens when the last response was made
         self.session = scoped(owner, self.loop.trace.session_id)
@@ -139,10 +144,21 @@ class AgentRun:
         else:
             if req.type == "tool.list":  # a caller's tool shadows a configured one of its name for this run
                 reply = {**reply, "tools": [t for t in reply["tools"] if t["name"] not in self.caller_tools]}
+                self._check_choice({t["name"] for t in reply["tools"] if t.get("available", True)} | self.caller_tools)
             return reply
         if not self.loop.trace.steps and not req.optional:
             raise from_service_error(error)
         return error
+
+    def _check_choice(self, tools: set[str]) -> None:
+        """A tool_choice the run's tools cannot meet, refused before the run starts: a name none of them has,
+        or required with no tools at all."""
+        choice = self.loop.steering.tool_choice
+        if isinstance(choice, dict) and choice["function"]["name"] not in tools:
+            raise bad_request(f"tool_choice names {choice['function']['name']!r}, which is none of this run's "
+                              "tools", "tool_choice")
+        if choice == "required" and not tools:
+            raise bad_request("tool_choice is required, but this run has no tools", "tool_choice")
 
     def _new_items(self) -> Iterator[OutputItem]:
         """Items for what the trace gained: a new step's text, and its calls of configured tools (a caller's
@@ -173,7 +189,7 @@ class AgentRun:
         if status == "failed":
             code, _, message = (trace.error or "internal: the run failed").partition(": ")
             error = ResponseError(code=code, message=message)
-        incomplete = IncompleteDetails(reason="max_iterations") if status == "incomplete" else None
+        incomplete = IncompleteDetails(reason=trace.stopped) if status == "incomplete" else None
         return Response(id=response_id, created_at=created, model=self.model, status=status, output=output,
                         previous_response_id=previous, error=error, incomplete_details=incomplete,
                         metadata=self.metadata, usage=self._usage() if final else None)
@@ -274,8 +290,8 @@ def install(app, gw: Gateway) -> None:
 
 
 @router.post("/v1/responses", response_model=Response, responses={
-    200: {"description": "the run's response; with stream: true, server-sent events, one per step's item, then "
-                         "the response"}, **documented(400, 401, 404, 413, 429, 503, 504)},
+    200: {"description": "the run's response; with stream: true, server-sent events as OpenAI streams them "
+                         "(each item added, its text or arguments, done), then the response"}, **documented(400, 401, 404, 413, 429, 503, 504)},
     summary="Run Magnitude's agent: configured tools run here, the caller's come back as function calls")
 async def responses(req: ResponseRequest, gw: Context, owner: Caller, http: HttpRequest,
                     x_priority: PriorityHeader = None):
@@ -332,11 +348,11 @@ def _new_run(req: ResponseRequest, gw: Gateway, owner: str | None, previous: str
         raise bad_request("two tools share a name", "tools")
     items = [InputMessage(role="user", content=req.input)] if isinstance(req.input, str) else req.input
     instructions = _instructions(req.instructions, items)
-    store = req.store is not False
+    store, steering = req.store is not False, _steering(req)
     if previous is None:
         goal, earlier = _conversation(items)
         return AgentRun(gw, owner, req.model, goal, req.tools or [], instructions, earlier, store=store,
-                        priority=req.priority)
+                        steering=steering, priority=req.priority)
     before, warm = stored.go_on(previous, owner)
     turns, facts = _turns(items)
     goal = _last_question(items)
@@ -344,7 +360,15 @@ def _new_run(req: ResponseRequest, gw: Gateway, owner: str | None, previous: str
                            before.conversation.memories, [*before.conversation.facts, *facts])
     return AgentRun(gw, owner, req.model or before.response.model, goal, req.tools or before.tools,
                     instructions or before.instructions, earlier, before.session_id if warm else None, store,
-                    req.priority)
+                    steering, req.priority)
+
+
+def _steering(req: ResponseRequest) -> Steering:
+    """The request's sampling and tool settings, as the loop takes them (a named function in chat's shape)."""
+    choice = req.tool_choice or "auto"
+    if isinstance(choice, FunctionToolChoice):
+        choice = {"type": "function", "function": {"name": choice.name}}
+    return Steering(req.temperature, req.top_p, req.max_output_tokens, choice, req.parallel_tool_calls is not False)
 
 
 def _instructions(instructions: str | None, items: list) -> str | None:
@@ -380,7 +404,7 @@ def _turns(items: list) -> tuple[list[Turn], list[tuple[str, str, str]]]:
     turns: list[Turn] = []
     calls: dict[str, FunctionCallInput] = {}
     facts: list[tuple[str, str, str]] = []
-    for item in items:
+    for item in (made for item in items for made in _as_calls(item)):
         if item.type == "function_call":
             calls[item.call_id] = item
             call = {"id": item.call_id, "type": "function",
@@ -404,6 +428,15 @@ def _turns(items: list) -> tuple[list[Turn], list[tuple[str, str, str]]]:
     return turns, facts
 
 
+def _as_calls(item) -> list:
+    """An input item, with a re-sent ``tool_call`` (a configured tool's call and result) as the function call and
+    output it stands for."""
+    if not isinstance(item, ToolCallInput):
+        return [item]
+    return [FunctionCallInput(type="function_call", call_id=item.id, name=item.name, arguments=item.arguments),
+            FunctionCallOutput(type="function_call_output", call_id=item.id, output=item.output)]
+
+
 def _outputs_capped(req: ResponseRequest, cap: int) -> ResponseRequest:
     """The request with each of the caller's tool outputs cut to what a configured tool may give
     (agent.sandbox.max_output_bytes), with a note, as a configured tool's is: the model reads no more of it
@@ -411,7 +444,7 @@ def _outputs_capped(req: ResponseRequest, cap: int) -> ResponseRequest:
     if not isinstance(req.input, list):
         return req
     items = [item.model_copy(update={"output": cap_text(item.output, cap)[0]})
-             if item.type == "function_call_output" else item for item in req.input]
+             if item.type in ("function_call_output", "tool_call") else item for item in req.input]
     return req.model_copy(update={"input": items})
 
 
@@ -460,8 +493,8 @@ class _Finish:
 
 async def _events(finish: _Finish, run: AgentRun, response_id: str, created: int, previous: str | None,
                   first: OutputItem | None, items: AsyncIterator[OutputItem]):
-    """response.created, each item as it is made, then the response (its status names the event). A client
-    that goes away cancels this, and with it the step in flight: the run ends there."""
+    """response.created and .in_progress, each item's events as it is made, then the response (its status names
+    the event). A client that goes away cancels this, and with it the step in flight: the run ends there."""
     sequence, output = itertools.count(), []
 
     def event(kind: str, **fields) -> ServerSentEvent:
@@ -470,12 +503,19 @@ async def _events(finish: _Finish, run: AgentRun, response_id: str, created: int
 
     finished = False
     try:
-        yield event("response.created", response=run.response(response_id, created, previous, [], final=False).model_copy(
-            update={"status": "in_progress"}))
+        started = run.response(response_id, created, previous, [], final=False).model_copy(
+            update={"status": "in_progress"})
+        yield event("response.created", response=started)
+        yield event("response.in_progress", response=started)
         async for item in _chain(first, items):
             output.append(item)
-            yield event("response.output_item.done", output_index=len(output) - 1, item=item)
-        response = finish(run.response(response_id, created, previous, output))
+            for kind, fields in _item_events(len(output) - 1, item):
+                yield event(kind, **fields)
+        try:
+            response = finish(run.response(response_id, created, previous, output))
+        except ApiError as err:  # no room to park the run (finish ended it): the stream has begun, so it fails
+            response = run.response(response_id, created, previous, output).model_copy(
+                update={"status": "failed", "error": ResponseError(code=err.code, message=err.message)})
         finished = True
         # a run waiting for a caller's tool ends its stream as OpenAI's does, with response.completed (the
         # event the SDKs wait for); its response's status still says requires_action
@@ -483,6 +523,29 @@ async def _events(finish: _Finish, run: AgentRun, response_id: str, created: int
     finally:
         if not finished:
             run.end()
+
+
+#: What an item holds when it is added, before its deltas fill it.
+_EMPTY = {"message": {"content": []}, "function_call": {"arguments": ""}, "tool_call": {"output": ""}}
+
+
+def _item_events(index: int, item: OutputItem) -> Iterator[tuple[str, dict]]:
+    """One item's events, as OpenAI streams them: added (empty, in progress), its text parts or its arguments
+    (each whole, as one delta: a step's text is known once the step is done), then done."""
+    at = {"output_index": index}
+    yield "response.output_item.added", {**at, "item": item.model_copy(update={"status": "in_progress",
+                                                                                **_EMPTY[item.type]})}
+    if isinstance(item, MessageItem):
+        for n, part in enumerate(item.content):
+            where = {**at, "item_id": item.id, "content_index": n}
+            yield "response.content_part.added", {**where, "part": part.model_copy(update={"text": ""})}
+            yield "response.output_text.delta", {**where, "delta": part.text, "logprobs": []}
+            yield "response.output_text.done", {**where, "text": part.text, "logprobs": []}
+            yield "response.content_part.done", {**where, "part": part}
+    elif isinstance(item, FunctionCallItem):
+        yield "response.function_call_arguments.delta", {**at, "item_id": item.id, "delta": item.arguments}
+        yield "response.function_call_arguments.done", {**at, "item_id": item.id, "arguments": item.arguments}
+    yield "response.output_item.done", {**at, "item": item}
 
 
 async def _chain(first: OutputItem | None, rest: AsyncIterator[OutputItem]) -> AsyncIterator[OutputItem]:

@@ -457,6 +457,17 @@ class FunctionCallInput(_Request):
     arguments: str = Field(max_length=MAX_PROMPT_CHARS)
 
 
+class ToolCallInput(_Request):
+    """A ``tool_call`` item of an earlier response (a configured tool the gateway ran), re-sent with the history
+    as stateless clients re-send every output item: read as the call and its result."""
+
+    type: Literal["tool_call"]
+    id: str = Field(min_length=1, max_length=MAX_ID_CHARS)
+    name: str = Field(max_length=MAX_CALL_NAME_CHARS)
+    arguments: str = Field(max_length=MAX_PROMPT_CHARS)
+    output: str = Field(max_length=MAX_PROMPT_CHARS)
+
+
 class FunctionCallOutput(_Request):
     """What the caller's tool gave back for a ``function_call`` item of the previous response."""
 
@@ -465,17 +476,23 @@ class FunctionCallOutput(_Request):
     output: str = Field(max_length=MAX_PROMPT_CHARS)
 
 
+class FunctionToolChoice(ToolName):
+    """The Responses API's named tool choice: the run's first step calls this function."""
+
+    type: Literal["function"]
+
+
 class ResponseRequest(_Request):
-    """Every field is honoured or refused: a field OpenAI defines that this server cannot honour (temperature,
-    top_p, max_output_tokens, text, reasoning, truncation, ...), or one nobody defines, is a 400 naming it."""
+    """Every field is honoured or refused: a field OpenAI defines that this server cannot honour (text,
+    reasoning, truncation, max_tool_calls, ...), or one nobody defines, is a 400 naming it."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     model: ModelName | None = Field(None, description="default: agent.model, else the engine's default model")
     input: Annotated[str, Field(min_length=1, max_length=MAX_GOAL_CHARS)] | Annotated[
-        list[InputMessage | FunctionCallInput | FunctionCallOutput],
+        list[InputMessage | FunctionCallInput | FunctionCallOutput | ToolCallInput],
         Field(min_length=1, max_length=MAX_MESSAGES)] = Field(
         description="a new turn: a string, or items (messages of every role, function_call, "
-                    "function_call_output): a whole conversation re-sent, or its new items after "
+                    "function_call_output, the tool_call items of earlier responses): a whole conversation re-sent, or its new items after "
                     "previous_response_id; its last user message is the question. A run waiting for a caller's "
                     "call is resumed by that call's function_call_output, alone or last in the re-sent history")
     tools: list[FunctionTool] | None = Field(None, max_length=MAX_TOOLS,
@@ -492,8 +509,15 @@ class ResponseRequest(_Request):
         None, max_length=MAX_METADATA_PAIRS, description="echoed on the response")
     include: Annotated[list[str], Field(max_length=0)] | None = Field(
         None, description="only empty: no extra output (reasoning, logprobs) is produced")
-    tool_choice: Literal["auto"] | None = Field(None, description="only auto (the agent's step policy chooses)")
-    parallel_tool_calls: Literal[True] | None = Field(None, description="only true: a step may call several tools")
+    tool_choice: Literal["auto", "required", "none"] | FunctionToolChoice | None = Field(
+        None, description="auto (default: the agent's step policy chooses); required: the first step calls a tool; "
+                          "a named function: the first step calls it; none: no tools are offered")
+    parallel_tool_calls: bool | None = Field(None, description="default true; false: at most one call per step")
+    temperature: float | None = Field(None, ge=0, le=MAX_TEMPERATURE, description="default: agent.temperature")
+    top_p: float | None = Field(None, gt=0, le=1)
+    max_output_tokens: MaxTokens | None = Field(None, description="the run's generated tokens in all (every "
+                                                                  "step's); reached: status incomplete, reason "
+                                                                  "max_output_tokens")
     priority: Priority | None = Field(None, description=PRIORITY_DOC + "; every model step of the run has it")
     store: bool | None = Field(None, description="default true: the finished response is kept for GET and "
                                                  "previous_response_id (gateway.agent_wait_s); false: not kept (a "
@@ -512,7 +536,7 @@ class MessageItem(_Reply):
     type: Literal["message"] = "message"
     id: str
     role: Literal["assistant"] = "assistant"
-    status: Literal["completed"] = "completed"
+    status: Literal["in_progress", "completed"] = "completed"
     content: list[OutputText]
     step: int = Field(description="extension: the model turn it came from")
 
@@ -525,7 +549,7 @@ class FunctionCallItem(_Reply):
     call_id: str
     name: str
     arguments: str = Field(description="a JSON object, as a string")
-    status: Literal["completed"] = "completed"
+    status: Literal["in_progress", "completed"] = "completed"
     step: int
 
 
@@ -539,7 +563,7 @@ class ToolCallItem(_Reply):
     arguments: str
     output: str
     error: str | None = None
-    status: Literal["completed", "failed"]
+    status: Literal["in_progress", "completed", "failed"]
     step: int
 
 
@@ -552,7 +576,7 @@ class ResponseError(_Reply):
 
 
 class IncompleteDetails(_Reply):
-    reason: Literal["max_iterations"]
+    reason: Literal["max_iterations", "max_output_tokens"]
 
 
 class InputTokensDetails(_Reply):
@@ -596,11 +620,22 @@ class ResponseDeleted(_Reply):
 
 
 class ResponseEvent(_Reply):
-    """One SSE event of a streamed run (its ``event:`` is its ``type``)."""
+    """One SSE event of a streamed run (its ``event:`` is its ``type``), in the sequence OpenAI's SDKs read: each
+    item added, its text or arguments as a delta then done, the item done; the response's lifecycle around them."""
 
-    type: Literal["response.created", "response.output_item.done", "response.completed", "response.requires_action",
+    type: Literal["response.created", "response.in_progress", "response.output_item.added",
+                  "response.content_part.added", "response.output_text.delta", "response.output_text.done",
+                  "response.content_part.done", "response.function_call_arguments.delta",
+                  "response.function_call_arguments.done", "response.output_item.done", "response.completed",
                   "response.incomplete", "response.failed"]
     sequence_number: int
-    response: Response | None = Field(None, description="in response.created and the last event")
-    output_index: int | None = Field(None, description="in response.output_item.done")
-    item: OutputItem | None = None
+    response: Response | None = Field(None, description="in the lifecycle events (created, in_progress, the last)")
+    output_index: int | None = Field(None, description="in an item's events")
+    item: OutputItem | None = Field(None, description="in output_item.added (empty, in progress) and .done")
+    item_id: str | None = Field(None, description="in a content part's, text's and arguments' events")
+    content_index: int | None = None
+    part: OutputText | None = Field(None, description="in content_part.added (no text yet) and .done")
+    delta: str | None = Field(None, description="in output_text.delta and function_call_arguments.delta")
+    text: str | None = Field(None, description="in output_text.done")
+    arguments: str | None = Field(None, description="in function_call_arguments.done")
+    logprobs: list[Any] | None = Field(None, description="in output_text.delta and .done: always empty")
