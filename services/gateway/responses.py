@@ -29,6 +29,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -365,9 +366,12 @@ def _new_run(req: ResponseRequest, gw: Gateway, owner: str | None, previous: str
 
 def _steering(req: ResponseRequest) -> Steering:
     """The request's sampling and tool settings, as the loop takes them (a named function in chat's shape)."""
-    choice = req.tool_choice or "auto"
-    if isinstance(choice, FunctionToolChoice):
-        choice = {"type": "function", "function": {"name": choice.name}}
+    tool_choice = req.tool_choice
+    choice: str | dict
+    if isinstance(tool_choice, FunctionToolChoice):
+        choice = {"type": "function", "function": {"name": tool_choice.name}}
+    else:
+        choice = tool_choice or "auto"
     return Steering(req.temperature, req.top_p, req.max_output_tokens, choice, req.parallel_tool_calls is not False)
 
 
@@ -526,7 +530,7 @@ async def _events(finish: _Finish, run: AgentRun, response_id: str, created: int
 
 
 #: What an item holds when it is added, before its deltas fill it.
-_EMPTY = {"message": {"content": []}, "function_call": {"arguments": ""}, "tool_call": {"output": ""}}
+_EMPTY: dict[str, dict[str, Any]] = {"message": {"content": []}, "function_call": {"arguments": ""}, "tool_call": {"output": ""}}
 
 
 def _item_events(index: int, item: OutputItem) -> Iterator[tuple[str, dict]]:
