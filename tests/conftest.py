@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -19,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from shared import catalog  # noqa: E402
-from shared.config import Config, magnitude_home, parse_config  # noqa: E402
+from shared.config import Config, parse_config  # noqa: E402
 from shared.cores import UNLEASED_SPIN_COUNT, share_cores_with_openmp  # noqa: E402
 
 # Tests run llama.cpp in-process (without the services' core lease) beside the services they start, which
@@ -76,6 +77,13 @@ def stream_event_classes() -> dict[str, type]:
     from openai.types.responses import ResponseStreamEvent
     union = get_args(ResponseStreamEvent)[0]
     return {get_args(cls.model_fields["type"].annotation)[0]: cls for cls in get_args(union)}
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):

@@ -19,7 +19,7 @@ import pytest
 from services.gateway.keys import keys_path, local_key_path, read_local_key
 from shared.client import Client
 from shared.config import parse_config
-from tests.conftest import REPO, ServiceProcess, make_config, wait_for, write_config
+from tests.conftest import REPO, ServiceProcess, free_port, make_config, wait_for, write_config
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another uid needs root")
 
@@ -90,12 +90,6 @@ def test_keyless_loopback_is_an_explicit_opt_in_and_logged(run_home):
         assert "gateway_keyless" in process.log.read_text()
     finally:
         process.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_mcp_serve_http_without_keys_makes_one_and_refuses_another_uid(run_home):

@@ -1,13 +1,12 @@
 """Who may connect: CURVE on tcp, right key accepted, wrong or no key refused."""
 
-import socket
 
 import pytest
 
 from shared.client import Client, CurveKeys, ServiceError
 from shared.config import parse_config
 from shared.security import SecurityError, create_keys, is_loopback, needs_curve
-from tests.conftest import ServiceProcess, make_config, require_model, write_config
+from tests.conftest import ServiceProcess, free_port, make_config, require_model, write_config
 
 
 def test_exposure_rules():
@@ -25,12 +24,6 @@ def test_exposed_service_without_keys_refuses_to_start(tmp_path):
     from shared.security import CurveServer
     with pytest.raises(SecurityError, match="scripts/keys"):
         CurveServer(zmq.Context.instance(), tmp_path / "nokeys")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

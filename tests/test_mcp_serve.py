@@ -21,7 +21,7 @@ from mcp.client.streamable_http import streamable_http_client
 from services.gateway.keys import create_key, keys_path
 from shared.config import parse_config
 from shared.protocol import PRIORITIES
-from tests.conftest import CHAT_MODEL_PATH, REPO, ServiceProcess, make_config, require_model, wait_for, write_config
+from tests.conftest import CHAT_MODEL_PATH, REPO, ServiceProcess, free_port, make_config, require_model, wait_for, write_config
 
 ENV = {"PYTHONPATH": str(REPO)}
 
@@ -74,12 +74,6 @@ def test_the_sdk_client_lists_the_tools_searches_memory_and_runs_a_one_step_goal
             return run
     run = asyncio.run(session())
     assert run["session_id"].startswith("agent-")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_over_http_it_needs_keys_beyond_loopback_and_then_a_key_on_every_request(run_home):

@@ -20,17 +20,11 @@ import pytest
 from services.agent.loop import Request, Run
 from shared.client import Client, ServiceError
 from shared.config import parse_config
-from tests.conftest import REPO, ServiceProcess, wait_for, write_config
+from tests.conftest import REPO, ServiceProcess, free_port, wait_for, write_config
 
 ROBOT = REPO / "examples" / "mcp" / "home_robot.py"
 MISBEHAVING = REPO / "tests" / "mcp_servers.py"
 KEY = "robot-key-1234"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
