@@ -86,6 +86,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def wait_listening(proc: subprocess.Popen, port: int, what: str) -> None:
+    """Wait until ``proc`` (started with ``stderr=PIPE``) listens on ``port`` of loopback; its stderr if it exits."""
+    def listening():
+        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", port)) == 0
+    wait_for(listening, 30, what)
+
+
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition"):
     """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 from services.gateway.keys import keys_path, local_key_path, read_local_key
 from shared.client import Client
 from shared.config import parse_config
-from tests.conftest import REPO, ServiceProcess, free_port, make_config, wait_for, write_config
+from tests.conftest import REPO, ServiceProcess, free_port, make_config, wait_listening, write_config
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another uid needs root")
 
@@ -102,11 +101,7 @@ def test_mcp_serve_http_without_keys_makes_one_and_refuses_another_uid(run_home)
                              str(port)], env=dict(os.environ, PYTHONPATH=str(REPO)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        def listening():
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-        wait_for(listening, 30, "mcp serve listening")
+        wait_listening(proc, port, "mcp serve listening")
         url = f"http://127.0.0.1:{port}/mcp"
         call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                 "params": {"name": "memory_search", "arguments": {"query": "secrets"}}}

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 
@@ -21,7 +20,7 @@ from mcp.client.streamable_http import streamable_http_client
 from services.gateway.keys import create_key, keys_path
 from shared.config import parse_config
 from shared.protocol import PRIORITIES
-from tests.conftest import CHAT_MODEL_PATH, REPO, ServiceProcess, free_port, make_config, require_model, wait_for, write_config
+from tests.conftest import CHAT_MODEL_PATH, REPO, ServiceProcess, free_port, make_config, require_model, wait_listening, write_config
 
 ENV = {"PYTHONPATH": str(REPO)}
 
@@ -89,11 +88,7 @@ def test_over_http_it_needs_keys_beyond_loopback_and_then_a_key_on_every_request
     key = create_key(keys_path(config), "desktop")
     proc = subprocess.Popen(command, env=dict(os.environ, **ENV), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
-        def listening():
-            assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-            with socket.socket() as s:
-                return s.connect_ex(("127.0.0.1", port)) == 0
-        wait_for(listening, 30, "mcp serve listening")
+        wait_listening(proc, port, "mcp serve listening")
         url = f"http://127.0.0.1:{port}/mcp"
 
         async def names(headers: dict) -> set[str]:

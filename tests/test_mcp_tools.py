@@ -9,7 +9,6 @@ answers health throughout, and an agent run goes on past a failed call.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ import pytest
 from services.agent.loop import Request, Run
 from shared.client import Client, ServiceError
 from shared.config import parse_config
-from tests.conftest import REPO, ServiceProcess, free_port, wait_for, write_config
+from tests.conftest import REPO, ServiceProcess, free_port, wait_for, wait_listening, write_config
 
 ROBOT = REPO / "examples" / "mcp" / "home_robot.py"
 MISBEHAVING = REPO / "tests" / "mcp_servers.py"
@@ -34,11 +33,7 @@ def http_robot():
     proc = subprocess.Popen([sys.executable, str(ROBOT), "--http", str(port)], env=dict(os.environ, MCP_KEY=KEY),
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
-    def listening():
-        assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-        with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", port)) == 0
-    wait_for(listening, 30, "the HTTP MCP server listening")
+    wait_listening(proc, port, "the HTTP MCP server listening")
     yield f"http://127.0.0.1:{port}/mcp"
     proc.terminate()
     proc.wait(10)
