@@ -14,7 +14,7 @@ from shared.protocol import ErrorCode, ProtocolError, Request
 from shared.service import Emitter, Service
 
 DEFAULTS = {"n_threads": 2, "prefill_chunk_size": 256, "spec_draft_tokens": 0, "decode_pause_ms": 0,
-            "max_batch_size": 512, "kv_cache_type": "f16"}
+            "priority_pace": 0.8, "priority_aging_s": 30.0, "max_batch_size": 512, "kv_cache_type": "f16"}
 REBUILD = {"max_batch_size", "kv_cache_type"}
 
 

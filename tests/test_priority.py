@@ -79,9 +79,9 @@ def uninterrupted(service) -> list[str]:
     return texts
 
 
-def short_request(service, **params) -> tuple[GenerateResult, float]:
+def short_request(service, max_tokens: int = 4, **params) -> tuple[GenerateResult, float]:
     with Client(service.endpoint, timeout_s=300) as c:
-        result = c.generate(SHORT, None, max_tokens=4, temperature=0, cache_prompt=False, **params)
+        result = c.generate(SHORT, None, max_tokens=max_tokens, temperature=0, cache_prompt=False, **params)
     return result, time.monotonic()
 
 
@@ -170,3 +170,29 @@ def test_aging_lets_a_background_request_through_continuous_interactive_load(tmp
             thread.join(120)
         assert result.stats["completion_tokens"] == 4
         assert done < max(answered) and sum(t > done for t in answered) >= SLOTS, (done, answered)
+
+
+def test_an_interactive_generation_keeps_its_pace_beside_background_ones(service):
+    """Three background generations decode when an interactive one starts: it shares their steps only as
+    often as ``engine.priority_pace`` (0.8) allows, so it decodes near its speed alone (a step of 4
+    sequences costs nearly 3 of one here: sharing every step would leave it a third) and writes the same
+    text; the background ones still finish."""
+    def interactive() -> GenerateResult:
+        result, _ = short_request(service, priority="interactive", max_tokens=64)
+        return result
+
+    short_request(service, priority="interactive")  # step costs of one sequence measured
+    alone = interactive()
+    runs = [Generation(service, prompt, max_tokens=250, priority="background") for prompt in LONG[:3]]
+    for run in runs:
+        run.start()
+    for run in runs:
+        assert run.decoding.wait(120)
+    beside = interactive()
+    finish(runs)
+    assert all(run.result.stats["completion_tokens"] == 250 for run in runs)
+    assert beside.text == alone.text and beside.stats["completion_tokens"] == 64
+    ratio = beside.stats["decode_tps"] / alone.stats["decode_tps"]
+    assert ratio >= 0.6, (beside.stats["decode_tps"], alone.stats["decode_tps"])
+    REPORT.append(f"priority: interactive decode beside 3 background generations at {ratio:.2f}x of alone "
+                  f"({beside.stats['decode_tps']} / {alone.stats['decode_tps']} tok/s)")

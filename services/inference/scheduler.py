@@ -7,8 +7,10 @@ each, ``sessions.Slot``), and every step builds one batch per resident model fro
 * chunks of the prompts being read in (prefill),
 
 under a token budget (``max_batch_size``). Every decoding generation gets its token in every step, so a long
-prompt cannot stall them: while any generation decodes, prompts are read at most ``prefill_chunk_size`` tokens
-per step (when none does, a whole batch). Those prompt tokens
+prompt cannot stall them: while a generation at least as urgent as a prompt decodes, prompts are read at most
+``prefill_chunk_size`` tokens per step (else a whole batch). The one exception is priority's: while work of
+more than one class runs, the less urgent shares a step only as often as keeps the most urgent at
+``engine.priority_pace`` of its speed alone (``pace.py``). Those prompt tokens
 go to prompts in every step whatever is decoding, so decodes cannot starve a prompt either, and they are shared
 out evenly between the prompts being read (a short follow-up step is not stuck behind a long document; equal
 chunks also suit llama.cpp's split of a batch into sub-batches), the most urgent class's first. Drafts get
@@ -65,6 +67,7 @@ from shared.protocol import DEFAULT_PRIORITY, PRIORITIES, ErrorCode, ProtocolErr
 from services.inference.drafting import DraftLength, NgramIndex
 from services.inference.engine import Engine
 from services.inference.models import ModelPool
+from services.inference.pace import UrgentPace
 from services.inference.constraint import Constraint, LlamaGrammar
 from services.inference.sampling import TokenSampler
 from services.inference.sessions import Acquired, Paused, Slot
@@ -229,6 +232,7 @@ class Scheduler:
         self.log = log
         self.queue: deque[Task | Control] = deque()  # arrival order: WAITING tasks and control messages
         self.running: list[Task] = []  # PREFILL and DECODE tasks
+        self.paces: dict[str, UrgentPace] = {}  # per model file: how often less urgent work shares a step
         #: Read by health from the I/O thread, so only ints, set by this loop (never iterate the queues there).
         self.counters: Counters = {"steps": 0, "mixed_steps": 0, "max_batch_seen": 0, "shared_prefix_tokens": 0,
                          "decode_s": 0.0, "waiting": 0, "prefill": 0, "decode": 0, "pauses": 0}
@@ -448,13 +452,7 @@ class Scheduler:
     def _step(self, engine: Engine, tasks: list[Task]) -> None:
         """Build this model's batch (decode tokens, drafts, prompt chunks), decode it once, consume the logits."""
         budget = engine.cfg.max_batch_size
-        # More generations than batch cells (session_slots > max_batch_size): the longest-waiting ones first.
-        decoders = sorted((t for t in tasks if t.state is State.DECODE), key=lambda t: t.last_step)[:budget]
-        prefills = [t for t in tasks if t.state is State.PREFILL]
-        # Prompt tokens per step: a chunk while generations decode (their next token waits for this step),
-        # the whole batch when nothing does (bigger sub-batches read the weights fewer times).
-        prompt_budget = min(engine.cfg.prefill_chunk_size, budget - len(decoders)) if decoders else budget
-        chunks = self._prompt_chunks(prefills, prompt_budget)
+        decoders, prefills, chunks = self._shape(engine, self._carried(engine, tasks))
         room = budget - len(decoders) - sum(chunks)
         plan: list[tuple[Task, list[int]]] = []
         for t in decoders:
@@ -497,6 +495,40 @@ class Scheduler:
                     self._decoded(t, tokens, first, len(decoders))
             except Exception as exc:  # a constraint or a callback failed: that request, not the step
                 self._fail(t, exc)
+
+    def _shape(self, engine: Engine, tasks: list[Task]) -> tuple[list[Task], list[Task], list[int]]:
+        """The generations that decode a token this step, the prompts being read, and each prompt's chunk."""
+        budget = engine.cfg.max_batch_size
+        # More generations than batch cells (session_slots > max_batch_size): the longest-waiting ones first.
+        decoders = sorted((t for t in tasks if t.state is State.DECODE), key=lambda t: t.last_step)[:budget]
+        prefills = [t for t in tasks if t.state is State.PREFILL]
+        # Prompt tokens per step: a chunk while generations at least as urgent as a prompt decode (their next
+        # token waits for this step), else the whole batch (bigger sub-batches read the weights fewer times).
+        now = time.perf_counter()
+        urgent_prompt = min((self._rank(t, now) for t in prefills), default=len(RANKS))
+        waiting_decoders = any(self._rank(t, now) <= urgent_prompt for t in decoders)
+        prompt_budget = budget - len(decoders)
+        if waiting_decoders:
+            prompt_budget = min(engine.cfg.prefill_chunk_size, prompt_budget)
+        return decoders, prefills, self._prompt_chunks(prefills, prompt_budget)
+
+    def _carried(self, engine: Engine, tasks: list[Task]) -> list[Task]:
+        """The tasks this step carries: every one, or only the most urgent class's while the others would slow
+        it below ``engine.priority_pace`` of its speed alone (``pace.UrgentPace``, by measured step costs).
+        Those left out keep their slots and KV, and decode in a later step."""
+        now = time.perf_counter()
+        top = min(self._rank(t, now) for t in tasks)
+        urgent = [t for t in tasks if self._rank(t, now) == top]
+        pace = self.paces.setdefault(engine.model_path.name, UrgentPace())
+        if len(urgent) == len(tasks):
+            pace.reset()
+            return tasks
+        alone, together = (self._shape(engine, group) for group in (urgent, tasks))
+        cost = engine.step_costs
+        if pace.join(engine.cfg.priority_pace, cost(len(alone[0]) + sum(alone[2])),
+                     cost(len(together[0]) + sum(together[2]))):
+            return tasks
+        return urgent
 
     def _prompt_chunks(self, prefills: list[Task], budget: int) -> list[int]:
         """How many of its prompt's tokens each prompt being read gets this step: the most urgent class's

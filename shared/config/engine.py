@@ -40,6 +40,10 @@ class EngineConfig(Section):
     priority_aging_s: float = Field(30.0, ge=0, le=86400, description="a request that has waited or run this "
                                     "long counts as one class more urgent (twice as long: two), so background "
                                     "work finishes under continuous interactive load; 0 = never")
+    priority_pace: float = Field(0.8, ge=0, le=1, description="the most urgent class of the moment decodes at "
+                                 "least this fraction of its speed alone: less urgent work shares its steps only "
+                                 "as often as that allows, by measured step costs (1: never when it costs; 0: "
+                                 "always, plain batching)")
     models: dict[str, Path] = Field(default_factory=dict, description="more GGUF models by name, loadable on "
                                                                       "demand; model_path is named 'default'")
     max_models: int = Field(2, ge=1, le=16, description="models resident at once (model slots)")
@@ -73,7 +77,7 @@ class EngineConfig(Section):
 
 #: The engine knobs ``engine.configure`` accepts; the optimizer tunes these.
 KNOBS = ("n_threads", "prefill_chunk_size", "spec_draft_tokens", "spec_drafter", "decode_pause_ms",
-         "max_batch_size", "kv_cache_type")
+         "priority_pace", "priority_aging_s", "max_batch_size", "kv_cache_type")
 #: Knobs that size the llama.cpp context: changing one rebuilds it (the others apply at the next decode step).
 REBUILD_KNOBS = ("max_batch_size", "kv_cache_type")
 
