@@ -206,6 +206,27 @@ def test_compression_advice_and_latency_alert(home):
         optimizer.stop()
 
 
+def test_speed_figures_and_latency_alerts_per_priority_class(home):
+    """Interactive generations slower than their class's p99 bound raise a latency_alert naming the class;
+    background ones as slow do not (no bound for that class); the status shows each class's figures."""
+    _, _, optimizer = make_stack(home, p99_alert_s=None, priority_p99_alert_s={"interactive": 2.0})
+    optimizer.start()
+    try:
+        slow = {**generation({"spec_draft_tokens": 0}, "x", decode_tps=30.0), "total_s": 3.4, "ttft_s": 0.1}
+        send_telemetry(optimizer, [{**slow, "priority": "background", "total_s": 60.0}] * WINDOW)
+        send_telemetry(optimizer, [{**slow, "priority": "interactive"}] * WINDOW)
+        figures = wait_for(lambda: (f := ask(optimizer, "optimizer.status")["by_priority"]).get("interactive") and f,
+                           what="the interactive samples")
+        assert figures["interactive"] == {"generations": WINDOW, "ttft_s_p50": 0.1, "decode_tps_p50": 30.0,
+                                          "total_s_p99": 3.4}
+        assert figures["background"]["total_s_p99"] == 60.0
+        alerts = wait_for(lambda: [json.loads(line) for line in optimizer.log.read_text().splitlines()
+                                   if "latency_alert" in line], what="latency_alert")
+        assert [(a["priority"], a["p99"], a["threshold"]) for a in alerts] == [("interactive", 3.4, 2.0)]
+    finally:
+        optimizer.stop()
+
+
 def test_telemetry_batches_reach_the_optimizer_and_are_dropped_when_it_is_absent(tmp_path):
     ctx = zmq.Context.instance()
     router = ctx.socket(zmq.ROUTER)

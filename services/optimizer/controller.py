@@ -22,7 +22,7 @@ from shared.protocol import ErrorCode
 from services.optimizer import strategy as strategy_file
 from services.optimizer.policy import Decision, Policy, Profile
 from services.optimizer.relief import ThermalRelief
-from services.optimizer.signals import LatencyAlarm, SessionSpeeds
+from services.optimizer.signals import ClassFigures, LatencyAlarm, SessionSpeeds
 from services.optimizer.thermal import read_thermal
 
 _RETRY_APPLY_S = 3.0  # after a failed engine.configure (inference down or starting)
@@ -43,6 +43,11 @@ class Tuner:
         self.relief = ThermalRelief(opt.thermal, n_threads_overridden="n_threads" in self.policy.overrides)
         self.alarm = LatencyAlarm(opt.p99_alert_s, config.engine.optimization_window, opt.alert_interval_s)
         self.speeds = SessionSpeeds(opt.compress_below)
+        window = config.engine.optimization_window
+        self.classes = ClassFigures(window)
+        #: per priority class, an alarm on its generations' total seconds (queue wait included)
+        self.class_alarms = {priority: LatencyAlarm(threshold, window, opt.alert_interval_s)
+                             for priority, threshold in opt.priority_p99_alert_s.items()}
         self._samples: queue.Queue[tuple[str, int | None, dict]] = queue.Queue(maxsize=_SAMPLE_QUEUE)
         self._applied: dict[str, Any] | None = None  # what inference last confirmed running
         self.applied_id: str | None = None
@@ -86,7 +91,8 @@ class Tuner:
         with self._lock:
             return {**self.policy.status(), "applied": self._applied, "settings_id": self.applied_id,
                     "inference_pid": self._inference_pid, "thermal": self._thermal,
-                    "relief_level": self.relief.level, "processes": dict(self._processes)}
+                    "relief_level": self.relief.level, "processes": dict(self._processes),
+                    "by_priority": self.classes.figures()}
 
     def advice(self, session: str) -> dict:
         with self._lock:
@@ -187,6 +193,7 @@ class Tuner:
                 self.policy.outcome(bool(sample.get("ok")))
         elif kind == "generation":  # the inference result of one finished generate
             self.speeds.add(sample.get("session"), int(sample.get("completion_tokens") or 0), sample.get("decode_tps"))
+            self._take_class_figures(sample)
             if self.relief.level == 0 and self._applied is not None and self.config.engine.self_optimize:
                 before = self.policy.phase, self.policy.trial
                 if self.policy.add(sample):
@@ -194,6 +201,17 @@ class Tuner:
                 if (self.policy.phase, self.policy.trial) != before:
                     self.log.info("optimizer_decision", phase=self.policy.phase, trial=self.policy.trial,
                                   last=self.policy.decisions[-1].__dict__ if self.policy.decisions else None)
+
+    def _take_class_figures(self, sample: dict) -> None:
+        """A generation's figures in its priority class, and that class's p99 alarm."""
+        priority, total_s = sample.get("priority"), sample.get("total_s")
+        if priority is None or total_s is None:
+            return
+        self.classes.add(priority, float(sample.get("ttft_s", total_s)), float(total_s), sample.get("decode_tps"))
+        alarm = self.class_alarms.get(priority)
+        alert = alarm.add("inference", float(total_s)) if alarm else None
+        if alert:
+            self.log.warning("latency_alert", priority=priority, **alert)
 
     def _check_thermal(self) -> None:
         cfg = self.config.optimizer.thermal

@@ -1,7 +1,9 @@
-"""Signals the optimizer derives from telemetry besides tuning: p99 alerts and context-compression advice."""
+"""Signals the optimizer derives from telemetry besides tuning: p99 alerts, per-class speed figures and
+context-compression advice."""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import OrderedDict, deque
 from typing import Callable
@@ -39,6 +41,29 @@ class LatencyAlarm:
             return None
         self._last_alert[service] = self.clock()
         return {"service": service, "p99": round(value, 4), "threshold": self.threshold_s, "window": self.window}
+
+
+class ClassFigures:
+    """Per priority class, the latest ``window`` generations' speeds: what each class gets of the box (the
+    scheduler slows background work on purpose while interactive work runs, so one figure for all hides it)."""
+
+    def __init__(self, window: int):
+        self.window = window
+        self._samples: dict[str, deque[tuple[float, float, float | None]]] = {}
+
+    def add(self, priority: str, ttft_s: float, total_s: float, decode_tps: float | None) -> None:
+        self._samples.setdefault(priority, deque(maxlen=self.window)).append((ttft_s, total_s, decode_tps))
+
+    def figures(self) -> dict[str, dict[str, float | int | None]]:
+        """Per class: how many generations, median TTFT and decode speed, p99 of their total seconds."""
+        out: dict[str, dict[str, float | int | None]] = {}
+        for priority, samples in sorted(self._samples.items()):
+            speeds = [tps for _, _, tps in samples if tps]
+            out[priority] = {"generations": len(samples),
+                             "ttft_s_p50": round(statistics.median(t for t, _, _ in samples), 4),
+                             "decode_tps_p50": round(statistics.median(speeds), 2) if speeds else None,
+                             "total_s_p99": round(p99([total for _, total, _ in samples]), 4)}
+        return out
 
 
 class SessionSpeeds:

@@ -9,6 +9,7 @@ from pydantic import Field, field_validator
 
 from shared.config.base import Section, require_known_services
 from shared.config.engine import TunableSettings
+from shared.protocol import PRIORITIES
 
 class ThermalConfig(Section):
     """When the board counts as throttling, and how the optimizer eases off (see services/optimizer/thermal.py)."""
@@ -41,12 +42,24 @@ class OptimizerConfig(Section):
                                                                 "speed falls below this share of its start")
     p99_alert_s: float | None = Field(30.0, gt=0, description="log latency_alert when a window's p99 crosses this; "
                                                               "null = off")
-    alert_interval_s: float = Field(300.0, ge=0, description="at most one latency_alert per service this often")
+    priority_p99_alert_s: dict[str, Annotated[float, Field(gt=0)]] = Field(
+        {"interactive": 10.0}, description="per priority class, log latency_alert (with the priority) when the p99 of "
+        "a window of its generations' total seconds, queue wait included, crosses this; a class not listed: none")
+    alert_interval_s: float = Field(300.0, ge=0, description="at most one latency_alert per service (per class) "
+                                                             "this often")
     strategy_path: Path | None = Field(None, description="learned strategy file; default DATA_DIR/strategy.json")
     persist_interval_s: float = Field(60.0, gt=0, description="the strategy is also saved this often")
     max_feedback_rows: int = Field(100_000, ge=100, le=100_000_000, description="feedback rows kept; older ones "
                                                                                  "are deleted as new ones come")
     thermal: ThermalConfig = Field(default_factory=ThermalConfig)
+
+    @field_validator("priority_p99_alert_s")
+    @classmethod
+    def _known_priorities(cls, v: dict[str, float]) -> dict[str, float]:
+        unknown = sorted(set(v) - set(PRIORITIES))
+        if unknown:
+            raise ValueError(f"unknown priority {', '.join(unknown)} (one of {', '.join(PRIORITIES)})")
+        return v
 
 
 #: What the watchdog may supervise: compose containers through the docker API, or local processes.
