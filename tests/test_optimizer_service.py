@@ -103,7 +103,8 @@ def test_strategy_restored_after_a_full_restart_equals_the_dump(home):
     inference.start()
     optimizer.start()
     wanted = {"format": "magnitude-strategy", "version": 1, "settled": True,
-              "settings": {"n_threads": 1, "prefill_chunk_size": 128, "spec_draft_tokens": 8},
+              "settings": {"n_threads": 1, "prefill_chunk_size": 128, "spec_draft_tokens": 8,
+                           "priority_pace": 0.5, "priority_aging_s": 10.0},  # the scheduling policy's too
               "profile": {"prefill_s_per_token": 0.001, "decode_s_per_token": 0.02, "ref_prefill_tokens": 600,
                           "ref_decode_tokens": 100, "load_class": "decode"}}
     try:
