@@ -7,8 +7,8 @@ Magnitude and on llama-server (which has no priorities), in one run. A benchmark
   background   3 background agents, one long generation each (--long-tokens): their total tok/s
   together     both at once (the agent starts once the 3 decode): the agent's TTFT and decode tok/s
                against alone, the background's tok/s against background alone
-  two keys     key A runs 4 long generations (every slot), then key B sends a 4-token request: B's
-               latency against B alone
+  two keys     key A runs 4 generations of --key-a-tokens (every slot), then key B sends a 4-token request:
+               B's latency against B alone
 
 Both sides get 4 slots (Magnitude ``session_slots``, llama-server ``-np 4``), greedy decoding, the same
 prompts; the backends and their timing are ``bench_vs_llama_server.py``'s. The interactive agent's requests
@@ -104,7 +104,7 @@ def scenarios(backend, args) -> dict:
         sent = time.perf_counter()
         backend.complete(0, HELLO, 4, session="key-b-alone", owner="key-b")
         b_alone = time.perf_counter() - sent
-        runs, t0 = run_long(backend, SLOTS, args.long_tokens, owner="key-a")
+        runs, t0 = run_long(backend, SLOTS, args.key_a_tokens, owner="key-a")
         time.sleep(args.settle_s)  # every slot decodes
         sent = time.perf_counter()
         backend.complete(0, HELLO, 4, session="key-b", owner="key-b")  # llama-server: waits for slot 0
@@ -124,6 +124,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="steps of the interactive agent")
     parser.add_argument("--max-tokens", type=int, default=32, help="new tokens per interactive step")
     parser.add_argument("--long-tokens", type=int, default=250, help="new tokens per background generation")
+    parser.add_argument("--key-a-tokens", type=int, default=250, help="new tokens per generation of key A")
     parser.add_argument("--settle-s", type=float, default=1.0, help="wait before the interactive agent starts")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--n-ctx", type=int, default=4096, help="context tokens per slot")
