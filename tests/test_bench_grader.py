@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import ast
-import sys
 
+from scripts.bench.agent import grader as bench_grader
 from tests.conftest import REPO
-
-sys.path.insert(0, str(REPO / "scripts"))
-import bench_grader  # noqa: E402
 
 
 def test_decimal_commas_and_thousands_marks_are_read_per_language():
@@ -36,7 +33,7 @@ def test_phrases_match_whole_words_only():
 
 
 def test_the_grader_imports_nothing_from_the_agent():
-    tree = ast.parse((REPO / "scripts" / "bench_grader.py").read_text())
+    tree = ast.parse((REPO / "scripts" / "bench" / "agent" / "grader.py").read_text())
     imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in imported if m.startswith(("services", "magnitude", "shared"))], imported

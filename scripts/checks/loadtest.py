@@ -12,15 +12,14 @@ Soak (--soak SECONDS): 4 clients keep the service busy for that long (bounded);
 the RSS of every running service is sampled; the run fails if memory keeps
 growing in the second half or any request is lost.
 
-    .venv/bin/python scripts/loadtest.py                 # starts its own inference service
-    .venv/bin/python scripts/loadtest.py --soak 600      # 10-minute soak
-    .venv/bin/python scripts/loadtest.py --running       # against the stack of `magnitude up`
+    .venv/bin/python -m scripts.checks.loadtest                 # starts its own inference service
+    .venv/bin/python -m scripts.checks.loadtest --soak 600      # 10-minute soak
+    .venv/bin/python -m scripts.checks.loadtest --running       # against the stack of `magnitude up`
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import tempfile
 import threading
@@ -28,14 +27,13 @@ import time
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _bench import BENCH_MODEL  # noqa: E402
-from magnitude import launcher  # noqa: E402
-from shared import process  # noqa: E402
-from shared.health import probe  # noqa: E402
-from shared.client import Client, ServiceError  # noqa: E402
-from shared.config import SERVICE_NAMES, Config, dump_config, load_config, parse_config  # noqa: E402
+from magnitude import launcher
+from scripts.bench.common import BENCH_MODEL
+from scripts.bench.stats import pct
+from shared import process
+from shared.health import probe
+from shared.client import Client, ServiceError
+from shared.config import SERVICE_NAMES, Config, dump_config, load_config, parse_config
 
 PROMPTS = ["Name a color.", "Say hi to the robot.", "One word for fast:", "Count to three:"]
 
@@ -86,10 +84,6 @@ def run_level(config: Config, tally: Tally, n: int, per_client: int | None, unti
     for t in threads:
         t.join()
     return time.perf_counter() - t0
-
-
-def pct(values: list[float], q: float) -> float:
-    return statistics.quantiles(values, n=100)[q - 1] if len(values) >= 2 else (values[0] if values else 0.0)
 
 
 def rss_of_services(config: Config) -> dict[str, float]:
@@ -183,7 +177,7 @@ def main() -> int:
                 load(config, args.clients, args.requests, args.max_tokens)
         finally:
             process.stop(config, "inference")
-    print("reproduce: .venv/bin/python scripts/loadtest.py " + " ".join(sys.argv[1:]))
+    print("reproduce: .venv/bin/python -m scripts.checks.loadtest " + " ".join(sys.argv[1:]))
     return code
 
 

@@ -14,7 +14,7 @@ And it times 4-sequence decode steps on a worker thread, in a fresh process each
 thread before, and after one decode on the main thread (llama.cpp's CPU backend runs on OpenMP, which keeps a
 thread pool per calling thread).
 
-    .venv/bin/python scripts/bench_batch_shapes.py [--reps 10] [--threads 2]
+    .venv/bin/python -m scripts.bench.batch_shapes [--reps 10] [--threads 2]
 """
 
 from __future__ import annotations
@@ -32,9 +32,8 @@ import llama_cpp
 import numpy as np
 from llama_cpp import _internals
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _bench import BENCH_MODEL  # noqa: E402
+from scripts.bench.common import BENCH_MODEL
+from scripts.bench import REPO
 
 N_SEQ, HISTORY = 8, 700
 
@@ -202,12 +201,13 @@ def main() -> int:
                             add_bos=True, special=True)
     print(f"\nlargest logit difference, a {len(prompt)}-token prompt cut after n tokens vs in one batch:")
     print("  " + ", ".join(f"n={n}: {d:.3f}" for n, d in split_effects(Context(model, False, args.threads), prompt)))
-    child = [sys.executable, __file__, "--threads", str(args.threads), "--reps", str(args.reps), "--model", args.model]
+    child = [sys.executable, "-m", __spec__.name, "--threads", str(args.threads), "--reps", str(args.reps),
+             "--model", args.model]
     per_case = {case: float(subprocess.run(child + ["--thread-case", case], check=True, capture_output=True,
-                                           text=True).stdout.split()[-1]) for case in ("clean", "main-first")}
+                                           text=True, cwd=REPO).stdout.split()[-1]) for case in ("clean", "main-first")}
     print(f"\n4-sequence decode step on a worker thread: {per_case['clean']:.1f} ms; after one decode on the "
           f"main thread (a second OpenMP pool): {per_case['main-first']:.1f} ms")
-    print("\nreproduce: .venv/bin/python scripts/bench_batch_shapes.py " + " ".join(sys.argv[1:]))
+    print("\nreproduce: .venv/bin/python -m scripts.bench.batch_shapes " + " ".join(sys.argv[1:]))
     return 0
 
 

@@ -12,7 +12,7 @@ user turns and model replies) runs four ways against one inference service:
 
 It prints TTFT and total time per step and the ratios at the last step.
 
-    .venv/bin/python scripts/bench_sessions.py [--steps 10] [--max-tokens 24]
+    .venv/bin/python -m scripts.bench.sessions [--steps 10] [--max-tokens 24]
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _bench import PLANNER_SYSTEM, PLANNER_TASKS, start_inference, stop
+from scripts.bench.common import start_inference, stop
+from scripts.bench.prompts import PLANNER_SYSTEM, PLANNER_TASKS, gemma_prompt
 from shared.client import Client
-from scripts._prompts import gemma_prompt
 
 SYSTEM = PLANNER_SYSTEM * 3
 TASKS = PLANNER_TASKS[:4]
@@ -99,7 +99,7 @@ def main() -> int:
               f"(cached {cached:.0f} tokens, prefilled {prefill:.0f}; median slot switch {switch:.1f} ms)")
     restored = sum(s["kv_source"] == "restored" for conv in results["4 on 2 slots"] for s in conv)
     print(f"  '4 on 2 slots' restored a parked session {restored} times")
-    print("\nreproduce: .venv/bin/python scripts/bench_sessions.py " + " ".join(sys.argv[1:]))
+    print("\nreproduce: .venv/bin/python -m scripts.bench.sessions " + " ".join(sys.argv[1:]))
     return 0
 
 

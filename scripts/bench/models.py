@@ -9,7 +9,7 @@ text as a plain prompt. Medians of ``--reps`` runs. Resident memory is what this
 from loading the model to the end of its runs (weights paged in, the 4096-token KV cache, compute
 buffers): what a board must hold for the engine with that model, beside the other services.
 
-    .venv/bin/python scripts/bench_models.py [--reps 3] [--max-tokens 128] [--models a,b]
+    .venv/bin/python -m scripts.bench.models [--reps 3] [--max-tokens 128] [--models a,b]
 """
 
 from __future__ import annotations
@@ -18,17 +18,14 @@ import argparse
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import psutil
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from services.inference.prepare import Lexicon  # noqa: E402
-from services.inference.scheduler import GenerateParams, Scheduler  # noqa: E402
-from shared import catalog  # noqa: E402
-from shared.config import parse_config  # noqa: E402
-from shared.protocol import ProtocolError  # noqa: E402
+from services.inference.prepare import Lexicon
+from services.inference.scheduler import GenerateParams, Scheduler
+from shared import catalog
+from shared.config import parse_config
+from shared.protocol import ProtocolError
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "Evaluate arithmetic.",
                                            "parameters": {"type": "object", "properties": {

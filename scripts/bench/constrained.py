@@ -12,16 +12,13 @@ its OpenAI endpoint with ``--jinja`` (GBNF from the schema). It prints decode to
 (median), the cost of the constraint, how many tokens the grammar forced (decoded
 like drafts, never sampled), and the time spent in the constraint per token.
 
-    .venv/bin/python scripts/bench_constrained.py [--model qwen2.5-coder-0.5b] [--reps 3] [--no-llama-server]
+    .venv/bin/python -m scripts.bench.constrained [--model qwen2.5-coder-0.5b] [--reps 3] [--no-llama-server]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -29,15 +26,15 @@ import urllib.request
 from pathlib import Path
 
 from gguf import GGUFReader
+from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from services.inference.prepare import Lexicon  # noqa: E402
-from llama_cpp.llama_grammar import json_schema_to_gbnf  # noqa: E402
-from services.inference.constraint import Constraint, LlamaGrammar, gbnf_constraint  # noqa: E402
-from services.inference.scheduler import GenerateParams, Scheduler  # noqa: E402
-from shared import catalog  # noqa: E402
-from shared.config import parse_config  # noqa: E402
+from scripts.bench import llama_server
+from scripts.bench.stats import median, ratio
+from services.inference.constraint import Constraint, LlamaGrammar, gbnf_constraint
+from services.inference.prepare import Lexicon
+from services.inference.scheduler import GenerateParams, Scheduler
+from shared import catalog
+from shared.config import parse_config
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"},
@@ -92,7 +89,7 @@ class ConstraintClock:
 
 
 def _median(values: list[float]) -> float:
-    return round(statistics.median(values), 1) if values else float("nan")
+    return round(median(values), 1)
 
 
 def magnitude_rows(model_path: Path, reps: int, max_tokens: int, workloads: list[str]) -> dict[str, dict]:
@@ -124,18 +121,12 @@ def magnitude_rows(model_path: Path, reps: int, max_tokens: int, workloads: list
                         forced.append(result["forced_tokens"] / max(result["completion_tokens"], 1))
                         overhead.append(clock.seconds / max(result["completion_tokens"], 1))
             out[name] = {"free": _median(tps["free"]), "constrained": _median(tps["constrained"]),
-                         "forced": round(100 * statistics.median(forced)) if forced else 0,
-                         "us_per_token": round(1e6 * statistics.median(overhead)) if overhead else 0}
+                         "forced": round(100 * median(forced)) if forced else 0,
+                         "us_per_token": round(1e6 * median(overhead)) if overhead else 0}
             print(f"magnitude  {name}: {out[name]}", file=sys.stderr, flush=True)
     finally:
         scheduler.models.close()
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(port: int, path: str, body: dict) -> dict:
@@ -146,53 +137,33 @@ def _post(port: int, path: str, body: dict) -> dict:
 
 
 def llama_server_rows(binary: str, model_path: Path, reps: int, max_tokens: int, threads: int,
-                      workloads: list[str]) -> tuple[dict, str]:
-    port = _free_port()
-    with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen([binary, "-m", str(model_path), "--host", "127.0.0.1", "--port", str(port),
-                                 "-t", str(threads), "-tb", str(threads), "-c", "4096", "-np", "1", "--jinja",
-                                 "--no-webui"], stdout=log, stderr=log)
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as resp:
-                        if resp.status == 200:
-                            break
-                except OSError:
-                    pass
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    log.seek(0)
-                    sys.exit(f"llama-server did not start: {log.read()[-2000:].decode(errors='replace')}")
-                time.sleep(0.5)
-            version = subprocess.run([binary, "--version"], capture_output=True, text=True)
-            version = " ".join((version.stdout + version.stderr).split("\n")[0].split()[1:])
-            out = {}
-            for name in workloads:
-                tps = {"free": [], "constrained": []}
-                for _ in range(reps):
-                    for mode in ("free", "constrained"):
-                        common = {"max_tokens": max_tokens, "n_predict": max_tokens, "temperature": 0,
-                                  "cache_prompt": False}
-                        if name in CHAT_WORKLOADS:
-                            body = CHAT_WORKLOADS[name][0 if mode == "constrained" else 1]
-                            timings = _post(port, "/v1/chat/completions", {**body, **common})["timings"]
-                        else:
-                            body = {"prompt": ACTION_PROMPT, **common}
-                            if mode == "constrained":
-                                body["grammar"] = ACTION_GRAMMAR
-                            timings = _post(port, "/completion", body)["timings"]
-                        tps[mode].append(timings["predicted_per_second"])
-                out[name] = {"free": _median(tps["free"]), "constrained": _median(tps["constrained"])}
-                print(f"llama-server  {name}: {out[name]}", file=sys.stderr, flush=True)
-            return out, version
-        finally:
-            proc.terminate()
-            proc.wait(30)
+                      workloads: list[str]) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".log") as log, llama_server.LlamaServer(binary, model_path, [
+            "-t", str(threads), "-tb", str(threads), "-c", "4096", "-np", "1", "--jinja", "--no-webui"],
+            Path(log.name), timeout_s=120) as server:
+        out = {}
+        for name in workloads:
+            tps = {"free": [], "constrained": []}
+            for _ in range(reps):
+                for mode in ("free", "constrained"):
+                    common = {"max_tokens": max_tokens, "n_predict": max_tokens, "temperature": 0,
+                              "cache_prompt": False}
+                    if name in CHAT_WORKLOADS:
+                        body = CHAT_WORKLOADS[name][0 if mode == "constrained" else 1]
+                        timings = _post(server.port, "/v1/chat/completions", {**body, **common})["timings"]
+                    else:
+                        body = {"prompt": ACTION_PROMPT, **common}
+                        if mode == "constrained":
+                            body["grammar"] = ACTION_GRAMMAR
+                        timings = _post(server.port, "/completion", body)["timings"]
+                    tps[mode].append(timings["predicted_per_second"])
+            out[name] = {"free": _median(tps["free"]), "constrained": _median(tps["constrained"])}
+            print(f"llama-server  {name}: {out[name]}", file=sys.stderr, flush=True)
+        return out
 
 
 def _cost(row: dict) -> str:
-    return f"{100 * (1 - row['constrained'] / row['free']):+.0f}%" if row.get("free") else "-"
+    return f"{100 * (1 - ratio(row['constrained'], row['free'])):+.0f}%" if row.get("free") else "-"
 
 
 def main() -> int:
@@ -213,10 +184,9 @@ def main() -> int:
     mag = magnitude_rows(model_path, args.reps, args.max_tokens, workloads)
     peer, version = {}, None
     if not args.no_llama_server:
-        binary = subprocess.run(["bash", str(Path(__file__).resolve().parent.parent / "native" /
-                                             "build_llama_server.sh")], capture_output=True, text=True,
-                                check=True).stdout.strip()
-        peer, version = llama_server_rows(binary, model_path, args.reps, args.max_tokens, args.threads, workloads)
+        binary = llama_server.build()
+        version = llama_server.version(binary)
+        peer = llama_server_rows(binary, model_path, args.reps, args.max_tokens, args.threads, workloads)
     print(f"\nmodel {model_path.name}; decode tokens/s, median of {args.reps}; temperature 0; "
           f"max_tokens {args.max_tokens}" + (f"; llama-server {version}" if version else ""))
     print("| workload | Magnitude free | constrained | cost | forced tokens | constraint us/token | "

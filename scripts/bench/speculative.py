@@ -12,7 +12,7 @@ service (``engine.configure`` switches it between runs, a hot setting), at
 temperature 0, so the texts must be identical. It prints decode tokens/s, the
 ratio, and how many drafts were accepted.
 
-    .venv/bin/python scripts/bench_speculative.py [--reps 3] [--draft 8] [--max-tokens 160]
+    .venv/bin/python -m scripts.bench.speculative [--reps 3] [--draft 8] [--max-tokens 160]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from _bench import start_inference, stop
+from scripts.bench.common import start_inference, stop
 
 TOOL_JSON = "Agent log. Each line is one tool call.\n" + "".join(
     f'{{"step": {i}, "tool": "move_to", "args": {{"room": "{room}", "speed": "slow"}}, "why": "check the {room}"}}\n'
@@ -83,7 +83,7 @@ def main() -> int:
     for name, tokens, off, on, accepted, drafted, same in rows:
         share = f"{accepted}/{drafted}"
         print(f"{name:<16} {tokens:>6} {off:>8.1f} {on:>8.1f} {on / off:>8.2f}x {share:>16} {str(same):>9}")
-    print("\nreproduce: .venv/bin/python scripts/bench_speculative.py " + " ".join(sys.argv[1:]))
+    print("\nreproduce: .venv/bin/python -m scripts.bench.speculative " + " ".join(sys.argv[1:]))
     return 0 if all(row[-1] for row in rows) else 1
 
 

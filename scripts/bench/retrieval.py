@@ -12,7 +12,7 @@ service, and measures in the same run:
   through the service, against ``argpartition`` over a numpy matrix, plus text
   queries end to end (embedding included); and the top-10 overlap of the two.
 
-    .venv/bin/python scripts/bench_retrieval.py [--sizes 1000 10000] [--queries 200]
+    .venv/bin/python -m scripts.bench.retrieval [--sizes 1000 10000] [--queries 200]
 """
 
 from __future__ import annotations
@@ -20,20 +20,18 @@ from __future__ import annotations
 import argparse
 import random
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from magnitude import launcher  # noqa: E402
-from shared.client import Client  # noqa: E402
-from magnitude.memory import MemoryClient, embed  # noqa: E402
-from services.retrieval.store import MemoryStore  # noqa: E402
-from shared.config import dump_config, parse_config  # noqa: E402
+from magnitude import launcher
+from magnitude.memory import MemoryClient, embed
+from scripts.bench.stats import pct
+from services.retrieval.store import MemoryStore
+from shared.client import Client
+from shared.config import dump_config, parse_config
 
 _BATCH = 64
 _K = 10
@@ -59,8 +57,8 @@ def corpus(n: int, seed: int) -> list[str]:
     return sorted(seen, key=lambda _: rng.random())
 
 
-def pct(samples_ms: list[float]) -> tuple[float, float]:
-    return float(np.percentile(samples_ms, 50)), float(np.percentile(samples_ms, 99))
+def p50_p99(samples_ms: list[float]) -> tuple[float, float]:
+    return pct(samples_ms, 50), pct(samples_ms, 99)
 
 
 def timed(fn, items) -> tuple[float, list[float]]:
@@ -120,12 +118,12 @@ def bench_size(n: int, home: Path, embedder: Client, memory: MemoryClient, n_que
 
     nq = len(qvec)
     return [
-        (n, "numpy brute force", n / (t_embed + t_np_append), n / t_np_append, nq / t_np_q, *pct(lat_np)),
+        (n, "numpy brute force", n / (t_embed + t_np_append), n / t_np_append, nq / t_np_q, *p50_p99(lat_np)),
         (n, "sqlite-vec in-process", n / (t_embed + t_store_ingest), n / t_store_ingest, nq / t_store_q,
-         *pct(lat_store)),
-        (n, "sqlite-vec service (vector)", n / t_svc_ingest, None, nq / t_svc_q, *pct(lat_svc)),
-        (n, "service, text query", None, None, nq / t_svc_text, *pct(lat_text)),
-        (n, "service, hybrid text query", None, None, nq / t_svc_hybrid, *pct(lat_hybrid)),
+         *p50_p99(lat_store)),
+        (n, "sqlite-vec service (vector)", n / t_svc_ingest, None, nq / t_svc_q, *p50_p99(lat_svc)),
+        (n, "service, text query", None, None, nq / t_svc_text, *p50_p99(lat_text)),
+        (n, "service, hybrid text query", None, None, nq / t_svc_hybrid, *p50_p99(lat_hybrid)),
         (n, f"(top-{_K} overlap sqlite-vec vs numpy: {overlap:.3f}; embed alone {n / t_embed:.0f} docs/s)",
          None, None, None, None, None),
     ]

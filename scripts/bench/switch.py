@@ -15,7 +15,7 @@ round by round, so machine noise hits both. It prints the median switch
 latency (``model_load_ms`` as the service reports it) and the median end-to-end
 request latency of each, and their ratio.
 
-    .venv/bin/python scripts/bench_switch.py [--rounds 10] [--max-tokens 16] [--fast-model PATH]
+    .venv/bin/python -m scripts.bench.switch [--rounds 10] [--max-tokens 16] [--fast-model PATH]
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bench import start_inference, stop
+from scripts.bench.common import start_inference, stop
 from shared import catalog
 
 PROMPT = "Robot status report. Battery: 81%. Location: kitchen. Next action:"
@@ -74,7 +74,7 @@ def main() -> int:
         print(f"{mode:<9} {switch:>19.1f} {statistics.median(wall[mode]):>19.3f} {loads[mode]:>14}")
     ratio = statistics.median(wall["reload"]) / statistics.median(wall["resident"])
     print(f"\nend to end: a reload per request is {ratio:.2f}x slower than switching between resident models")
-    print("reproduce: .venv/bin/python scripts/bench_switch.py " + " ".join(sys.argv[1:]))
+    print("reproduce: .venv/bin/python -m scripts.bench.switch " + " ".join(sys.argv[1:]))
     return 0
 
 

@@ -17,7 +17,7 @@ tokens of repetitive output each; their prompt prefix stays cached).
    latencies would jump between the two kinds), per-kind medians, and the chosen
    settings.
 
-    .venv/bin/python scripts/bench_optimizer.py [--window 12] [--warmup-s 540] [--rounds 4]
+    .venv/bin/python -m scripts.bench.optimizer [--window 12] [--warmup-s 540] [--rounds 4]
 """
 
 from __future__ import annotations
@@ -30,13 +30,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from _bench import BENCH_MODEL  # noqa: E402
-from magnitude import launcher  # noqa: E402
-from shared import process  # noqa: E402
-from shared.client import Client  # noqa: E402
-from shared.config import dump_config, parse_config  # noqa: E402
+from magnitude import launcher
+from scripts.bench.common import BENCH_MODEL
+from shared import process
+from shared.client import Client
+from shared.config import dump_config, parse_config
 
 #: ~600 tokens under the Gemma 3 tokenizer (with the report line around it).
 LOG = "".join(f"t={i * 1.5:.1f}s lidar front={1.2 + i % 7 * 0.1:.2f}m left={0.8 + i % 5 * 0.1:.2f}m "

@@ -13,8 +13,8 @@ without the lease, and the long spin with the core lease the services now take a
 llama.cpp computation (``shared.cores.CoreLease``). Each worker is a fresh process, since libgomp
 reads its wait policy once.
 
-    .venv/bin/python scripts/bench_core_sharing.py              # about 2 minutes
-    .venv/bin/python scripts/bench_core_sharing.py --tokens 40  # quicker, noisier
+    .venv/bin/python -m scripts.bench.core_sharing              # about 2 minutes
+    .venv/bin/python -m scripts.bench.core_sharing --tokens 40  # quicker, noisier
 """
 
 from __future__ import annotations
@@ -29,11 +29,10 @@ import time
 from contextlib import nullcontext
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from shared import catalog  # noqa: E402
-from shared.config import Config  # noqa: E402
-from shared.cores import LEASED_SPIN_COUNT, UNLEASED_SPIN_COUNT, CoreLease  # noqa: E402
+from scripts.bench import REPO
+from shared import catalog
+from shared.config import Config
+from shared.cores import LEASED_SPIN_COUNT, UNLEASED_SPIN_COUNT, CoreLease
 
 #: (name, GOMP_SPINCOUNT, whether the workers take the lease)
 POLICIES = [
@@ -78,9 +77,9 @@ def work(kind: str, model: str, tokens: int, threads: int, lease_path: str | Non
 
 def spawn(kind: str, model: str, tokens: int, threads: int, spin: str, lease: str | None, go: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": spin}
-    cmd = [sys.executable, __file__, "--worker", kind, "--model", model, "--tokens", str(tokens),
+    cmd = [sys.executable, "-m", __spec__.name, "--worker", kind, "--model", model, "--tokens", str(tokens),
            "--threads", str(threads), "--go", str(go)] + (["--lease", lease] if lease else [])
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True, cwd=REPO)
 
 
 def rate(proc: subprocess.Popen) -> float:
@@ -134,7 +133,7 @@ def main() -> int:
     print("|---|---:|---:|---:|")
     for name, alone, beside, embeds, two in rows:
         print(f"| {name} | {alone:.1f} | {beside:.1f} (embedding {embeds:.0f}/s) | {two[0]:.1f} + {two[1]:.1f} |")
-    print("\nreproduce: .venv/bin/python scripts/bench_core_sharing.py" + "".join(
+    print("\nreproduce: .venv/bin/python -m scripts.bench.core_sharing" + "".join(
         f" {a}" for a in sys.argv[1:]))
     return 0
 

@@ -30,10 +30,10 @@ import threading
 import time
 from pathlib import Path
 
-from _bench import BENCH_MODEL, stop_services_on_sigterm
-from bench_vs_llama_server import (MagnitudeBackend, Sample, ServerBackend, agent_history, build_server,
-                                   measured, next_turn)
-from scripts._prompts import gemma_prompt
+from scripts.bench.backends import MagnitudeBackend, Sample, ServerBackend, measured
+from scripts.bench.common import BENCH_MODEL, stop_services_on_sigterm
+from scripts.bench.llama_server import build as build_server
+from scripts.bench.prompts import agent_history, gemma_prompt, next_turn
 
 SLOTS = 4
 #: Plain text to continue, not a chat turn: any model goes on with a story for a long while (asked in a chat

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Coverage-guided fuzzing (atheris, libFuzzer) of the protocol decoder and every handler's body validation.
 
-    .venv/bin/python scripts/fuzz.py --runs 20000                 # what the test suite runs (a few minutes)
-    flock /tmp/magnitude-heavy.lock .venv/bin/python scripts/fuzz.py --runs 1000000   # the long run
+    .venv/bin/python -m scripts.checks.fuzz --runs 20000                 # what the test suite runs (a few minutes)
+    flock /tmp/magnitude-heavy.lock .venv/bin/python -m scripts.checks.fuzz --runs 1000000   # the long run
 
 Each input is one of:
 
@@ -44,8 +44,6 @@ from pathlib import Path
 from unittest import mock
 
 import atheris
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 with atheris.instrument_imports(include=["shared", "services"]):
     from services.embedding.service import EmbeddingService

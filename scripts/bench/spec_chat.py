@@ -10,7 +10,7 @@ draft model (``spec_drafter: model``, ``engine.draft_model_path``: Qwen2.5-Coder
 the same vocabulary). Modes alternate per repetition on one service (``engine.configure``
 switches them hot); temperature 0, so each mode must write the same text.
 
-    .venv/bin/python scripts/bench_spec_chat.py [--model qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b]
+    .venv/bin/python -m scripts.bench.spec_chat [--model qwen2.5-coder-1.5b] [--draft qwen2.5-coder-0.5b]
         [--reps 2] [--lookup-tokens 8] [--model-tokens 4]
 """
 
@@ -26,10 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from _bench import start_inference, stop
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from shared import catalog  # noqa: E402
+from scripts.bench.common import start_inference, stop
+from shared import catalog
 
 TOOLS = [
     {"type": "function", "function": {"name": "read_file", "description": "Read a text file.", "parameters": {

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Chaos: agents keep working while a random service is kill -9'd, and nothing hangs or is lost.
 
-    .venv/bin/python scripts/chaos.py                    # 10 minutes, 8 agents, a kill every 20 s
-    .venv/bin/python scripts/chaos.py --minutes 2 --json # what the test suite runs
+    .venv/bin/python -m scripts.checks.chaos                    # 10 minutes, 8 agents, a kill every 20 s
+    .venv/bin/python -m scripts.checks.chaos --minutes 2 --json # what the test suite runs
 
 It starts the whole stack in a fresh home (``magnitude up``: every service and
 the real watchdog), then for ``--minutes``:
@@ -37,18 +37,16 @@ import uuid
 from collections import Counter
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from prometheus_client.parser import text_string_to_metric_families
 
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-
-from magnitude import launcher  # noqa: E402
-from magnitude.agent import Agent, Trace  # noqa: E402
-from services.retrieval.store import MemoryStore  # noqa: E402
-from shared import catalog, process  # noqa: E402
-from shared.client import Client, Retry, ServiceError  # noqa: E402
-from shared.config import (DEFAULT_EMBEDDING_MODEL_FILE, SERVICE_NAMES,  # noqa: E402
+from magnitude import launcher
+from magnitude.agent import Agent, Trace
+from services.retrieval.store import MemoryStore
+from shared import catalog, process
+from shared.client import Client, Retry, ServiceError
+from shared.config import (DEFAULT_EMBEDDING_MODEL_FILE, SERVICE_NAMES,
                            WATCHDOG_NAME, dump_config, magnitude_home, parse_config)
-from shared.protocol import ErrorCode  # noqa: E402
+from shared.protocol import ErrorCode
 
 TASKS = ["What is 17 * 23?", "What is 1024 / 8?", "What is 345 + 678?", "What is 2 ** 10?",
          "What is (12 + 8) * 3?", "What is 999 - 123?", "What is 81 / 9?", "What is 7 * 6 * 5?"]

@@ -9,28 +9,26 @@ machine hits both alike. A request's overhead is its latency at the client minus
 itself reports (``total_s``: from taking the request to its last token); that leaves what the path adds:
 encoding, sockets, queueing, and for the gateway HTTP, FastAPI and one more ZeroMQ hop.
 
-    .venv/bin/python scripts/bench_gateway.py [--runs 8] [--steps 6] [--max-tokens 16] [--api chat|completions]
+    .venv/bin/python -m scripts.bench.gateway [--runs 8] [--steps 6] [--max-tokens 16] [--api chat|completions]
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from openai import OpenAI
 
-from openai import OpenAI  # noqa: E402
-
-from magnitude import launcher  # noqa: E402
-from scripts._prompts import gemma_prompt  # noqa: E402
-from shared import process  # noqa: E402
-from shared.client import Client  # noqa: E402
-from shared.config import Config, dump_config, parse_config  # noqa: E402
+from magnitude import launcher
+from scripts.bench.prompts import gemma_prompt
+from scripts.bench.stats import pct
+from shared import process
+from shared.client import Client
+from shared.config import Config, dump_config, parse_config
 
 SYSTEM = ("You are the planner of a household robot with the tools move_to(room), pick(object), "
           "place(object, location) and say(text). Plan one step at a time and check each result.")
@@ -114,10 +112,6 @@ def agent_run(step, task: str, steps: int, session: str) -> tuple[list[tuple[flo
         messages += [{"role": "assistant", "content": text},
                      {"role": "user", "content": f"Observation {i + 1}: done, the robot reports success. Next step?"}]
     return timings, texts
-
-
-def pct(values: list[float], q: int) -> float:
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1] if len(values) > 1 else values[0]
 
 
 def main() -> int:

@@ -21,9 +21,9 @@ after the first over the time from the first to the last streamed text, summed o
 At temperature 0 every mode of a side must write the text its plain mode wrote; the table says
 whether each pair did.
 
-    .venv/bin/python scripts/bench_drafting.py                       # every workload, 1 rep (~15 min)
-    .venv/bin/python scripts/bench_drafting.py --reps 3 --workloads echo tooljson
-    .venv/bin/python scripts/bench_drafting.py --only magnitude      # while iterating
+    .venv/bin/python -m scripts.bench.drafting                       # every workload, 1 rep (~15 min)
+    .venv/bin/python -m scripts.bench.drafting --reps 3 --workloads echo tooljson
+    .venv/bin/python -m scripts.bench.drafting --only magnitude      # while iterating
 """
 
 from __future__ import annotations
@@ -31,15 +31,15 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from _bench import stop_services_on_sigterm  # (also puts the repository on sys.path)
-from bench_spec_chat import FILES, TASKS, TOOLS, run_tool
-from bench_vs_llama_server import MagnitudeBackend, Sample, ServerBackend, build_server
+from scripts.bench import llama_server
+from scripts.bench.backends import MagnitudeBackend, Sample, ServerBackend
+from scripts.bench.common import stop_services_on_sigterm
+from scripts.bench.spec_chat import FILES, TASKS, TOOLS, run_tool
+from scripts.bench.stats import median, ratio
 from shared import catalog
 from shared.client import Client
 
@@ -80,7 +80,7 @@ PROMPTS = {
         + "\n" for r in ROOMS[:3]) + "Write the same calls for the rooms " + ", ".join(ROOMS[3:]) + " and then "
         "the three first ones again, one JSON object per line, nothing else."), 300),
 }
-#: A tool call as the model writes it: in Qwen's <tool_call> tags or, as the 1.5B mostly does, in a ```json block.
+#: A tool call as the model writes it: in Qwen's <tool_call> tags or, as small models often write it, in a ```json block.
 TOOL_CALL = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>|```(?:json)?\s*(\{.*?\})\s*```", re.S)
 
 
@@ -134,6 +134,37 @@ class Magnitude(MagnitudeBackend):
         client.close()
 
 
+def print_table(args, tps: dict[tuple[str, str], list[float]], texts: dict[tuple[str, str], str],
+                tokens: dict[tuple[str, str], int]) -> None:
+    """Every (mode, workload): tok/s against its side's plain decoding, and whether the text stayed the same."""
+    modes = sorted({m for m, _ in tps}, key=lambda m: (not m.startswith("magnitude"), "plain" not in m, m))
+    print(f"\nmodel {Path(args.model).name}, {args.threads} threads, temperature 0, one slot, "
+          f"draft <= {args.draft}; decode tok/s, median of {args.reps} rep(s)")
+    print("| workload | mode | tokens | tok/s | vs its own plain | same text as its plain | "
+          "same text as magnitude plain |")
+    print("|---|---|---:|---:|---:|---|---|")
+    for name in args.workloads:
+        for mode in modes:
+            if (mode, name) not in tps:
+                continue
+            rate = median(tps[(mode, name)])
+            plain = f"{mode.split()[0]} plain"
+            base = median(tps.get((plain, name), []))
+            same_own = texts[(mode, name)] == texts.get((plain, name))
+            same_mag = texts[(mode, name)] == texts.get(("magnitude plain", name))
+            print(f"| {name} | {mode} | {tokens[(mode, name)]} | {rate:.1f} | "
+                  f"{ratio(rate, base):.2f}x | {'yes' if same_own else 'NO'} | "
+                  f"{'yes' if same_mag else 'NO'} |")
+    if args.only is None:
+        print("\nMagnitude / llama-server (above 1: Magnitude is faster)")
+        for name in args.workloads:
+            plain = ratio(median(tps[("magnitude plain", name)]), median(tps[("llama-server plain", name)]))
+            best_mode = max((m for m in modes if m.startswith("llama-server")),
+                            key=lambda m: median(tps[(m, name)]))
+            drafting = ratio(median(tps[("magnitude drafting", name)]), median(tps[(best_mode, name)]))
+            print(f"  {name:<9} plain {plain:.2f}   drafting vs llama-server's best ({best_mode}) {drafting:.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workloads", nargs="+", default=["plain", "echo", "tooljson", "traces"],
@@ -168,9 +199,8 @@ def main() -> int:
         home = Path(tmp)
         binary = None
         if args.only != "magnitude":
-            binary = args.server or build_server()
-            version = subprocess.run([binary, "--version"], capture_output=True, text=True)
-            print("llama-server:", binary, "|", " ".join((version.stdout + version.stderr).split()[:6]))
+            binary = args.server or llama_server.build()
+            print("llama-server:", binary, "|", llama_server.version(binary))
         for rep in range(args.reps):
             print(f"rep {rep + 1}/{args.reps}", file=sys.stderr, flush=True)
             sides = [s for s in ("magnitude", "llama-server") if args.only in (None, s)]
@@ -194,35 +224,8 @@ def main() -> int:
                     finally:
                         server.stop()
 
-    modes = sorted({m for m, _ in tps}, key=lambda m: (not m.startswith("magnitude"), "plain" not in m, m))
-    print(f"\nmodel {Path(args.model).name}, {args.threads} threads, temperature 0, one slot, "
-          f"draft <= {args.draft}; decode tok/s, median of {args.reps} rep(s)")
-    print("| workload | mode | tokens | tok/s | vs its own plain | same text as its plain | "
-          "same text as magnitude plain |")
-    print("|---|---|---:|---:|---:|---|---|")
-    for name in args.workloads:
-        for mode in modes:
-            if (mode, name) not in tps:
-                continue
-            rate = statistics.median(tps[(mode, name)])
-            plain = f"{mode.split()[0]} plain"
-            base = statistics.median(tps[(plain, name)]) if (plain, name) in tps else 0.0
-            same_own = texts[(mode, name)] == texts.get((plain, name))
-            same_mag = texts[(mode, name)] == texts.get(("magnitude plain", name))
-            print(f"| {name} | {mode} | {tokens[(mode, name)]} | {rate:.1f} | "
-                  f"{rate / base if base else 0:.2f}x | {'yes' if same_own else 'NO'} | "
-                  f"{'yes' if same_mag else 'NO'} |")
-    if args.only is None:
-        print("\nMagnitude / llama-server (above 1: Magnitude is faster)")
-        for name in args.workloads:
-            plain = statistics.median(tps[("magnitude plain", name)]) / statistics.median(
-                tps[("llama-server plain", name)])
-            best_mode = max((m for m in modes if m.startswith("llama-server")),
-                            key=lambda m: statistics.median(tps[(m, name)]))
-            drafting = statistics.median(tps[("magnitude drafting", name)]) / statistics.median(
-                tps[(best_mode, name)])
-            print(f"  {name:<9} plain {plain:.2f}   drafting vs llama-server's best ({best_mode}) {drafting:.2f}")
-    print("\nreproduce: .venv/bin/python scripts/bench_drafting.py " + " ".join(sys.argv[1:]))
+    print_table(args, tps, texts, tokens)
+    print("\nreproduce: .venv/bin/python -m scripts.bench.drafting " + " ".join(sys.argv[1:]))
     return 0
 
 
