@@ -11,7 +11,7 @@ the ``gguf`` package the way llama.cpp's ``convert_hf_to_gguf.py`` writes a BERT
 model: F16 matrices, F32 vectors, WordPiece vocab in "phantom space" form, mean
 pooling, non-causal attention. No torch needed.
 
-    python scripts/convert_embedding_model.py [--out PATH]
+    python -m scripts.provision.convert_embedding_model [--out PATH]
 
 Idempotent: an existing output with the same source digest is left alone.
 """
@@ -28,9 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from shared.config import DEFAULT_EMBEDDING_MODEL_FILE, magnitude_home  # noqa: E402
+from shared.config import DEFAULT_EMBEDDING_MODEL_FILE, magnitude_home
 
 _DTYPES = {"F32": np.float32, "F16": np.float16, "I64": np.int64}
 _SPECIAL = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"}

@@ -1,4 +1,4 @@
-"""The compose healthcheck's command line (``scripts/health`` runs it): probe services, exit 1 if any is unhealthy.
+"""The compose healthcheck's command line (``scripts/ops/health`` runs it): probe services, exit 1 if any is unhealthy.
 
 Light on purpose: it runs every 15 s in every container, so it loads ``shared.health`` and nothing heavier.
 """
@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from shared.config import SERVICE_NAMES, WATCHDOG_NAME, ConfigError, load_config  # noqa: E402
-from shared.health import add_arguments, print_statuses, probe  # noqa: E402
+from shared.config import SERVICE_NAMES, WATCHDOG_NAME, ConfigError, load_config
+from shared.health import add_arguments, print_statuses, probe
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="scripts/health", description="Check the running Magnitude services; "
+    parser = argparse.ArgumentParser(prog="scripts/ops/health", description="Check the running Magnitude services; "
                                      "exit 1 if any is unhealthy.")
     parser.add_argument("--config", help="YAML config (default: $MAGNITUDE_CONFIG, else built-in defaults)")
     add_arguments(parser)

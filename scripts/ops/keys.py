@@ -1,13 +1,12 @@
-#!/usr/bin/env python3
 """Create keys for what is exposed beyond loopback: CURVE keys for ZeroMQ endpoints, API keys for the gateway.
 
-    scripts/keys init [--client NAME ...]   server keypair (once) + client keypairs
-    scripts/keys client NAME                one more authorized client
-    scripts/keys local                      the first-start key 'local' (made once; says where its 0600 file is)
-    scripts/keys api-key NAME               a gateway API key for NAME (printed once; a new one replaces NAME's)
-    scripts/keys revoke-api-key NAME        the gateway rejects NAME's key from its next request on
-    scripts/keys api-keys                   names of the gateway's API keys
-    scripts/keys list                       authorized clients
+    scripts/ops/keys init [--client NAME ...]   server keypair (once) + client keypairs
+    scripts/ops/keys client NAME                one more authorized client
+    scripts/ops/keys local                      the first-start key 'local' (made once; says where its 0600 file is)
+    scripts/ops/keys api-key NAME               a gateway API key for NAME (printed once; a new one replaces NAME's)
+    scripts/ops/keys revoke-api-key NAME        the gateway rejects NAME's key from its next request on
+    scripts/ops/keys api-keys                   names of the gateway's API keys
+    scripts/ops/keys list                       authorized clients
 
 CURVE keys go to runtime.keys_dir (default $MAGNITUDE_HOME/data/keys). Give a
 client its ``client-NAME.key_secret`` file plus ``server.key``; remove
@@ -22,18 +21,15 @@ is needed. Send one as ``Authorization: Bearer KEY`` (the openai SDK's
 import argparse
 import os
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from services.gateway.keys import ApiKeys, create_key, ensure_local_key, keys_path, local_key_path, revoke_key  # noqa: E402
-from shared.config import ConfigError, load_config  # noqa: E402
-from shared.security import create_keys  # noqa: E402
+from services.gateway.keys import ApiKeys, create_key, ensure_local_key, keys_path, local_key_path, revoke_key
+from shared.config import ConfigError, load_config
+from shared.security import create_keys
 
 
 def main() -> int:
     os.umask(0o077)  # nothing this command writes is for other users (key files also set their own mode)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="scripts/ops/keys", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", help="YAML config (for runtime.keys_dir and gateway.api_keys_file)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("init", help="server keypair plus client keypairs")
