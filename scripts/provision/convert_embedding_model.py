@@ -23,7 +23,6 @@ import hashlib
 import json
 import os
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
