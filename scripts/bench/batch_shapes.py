@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What a llama_decode costs by batch shape and KV layout: the measurements behind the scheduler's choices.
 
 On the bundled model, with 8 sequences of 700 tokens each in one context, it times (median of ``--reps``):

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Constrained vs free decoding speed, side by side on the same prompts: Magnitude and llama-server.
 
 Each workload is one prompt decoded free and under its constraint, alternating per

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """How two llama.cpp processes share this box's cores, under each OpenMP wait policy (shared/cores.py).
 
 For each policy it measures, with the chat model decoding greedily (tok/s) and the embedding model
@@ -13,7 +12,7 @@ without the lease, and the long spin with the core lease the services now take a
 llama.cpp computation (``shared.cores.CoreLease``). Each worker is a fresh process, since libgomp
 reads its wait policy once.
 
-    .venv/bin/python -m scripts.bench.core_sharing              # about 2 minutes
+    .venv/bin/python -m scripts.bench.core_sharing
     .venv/bin/python -m scripts.bench.core_sharing --tokens 40  # quicker, noisier
 """
 

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """One agent's decode speed, plain and with drafting, side by side with llama-server in one run.
 
 Where agents spend their tokens: writing text (nothing to copy), echoing a file they read with one
@@ -21,7 +20,7 @@ after the first over the time from the first to the last streamed text, summed o
 At temperature 0 every mode of a side must write the text its plain mode wrote; the table says
 whether each pair did.
 
-    .venv/bin/python -m scripts.bench.drafting                       # every workload, 1 rep (~15 min)
+    .venv/bin/python -m scripts.bench.drafting                       # every workload, 1 rep
     .venv/bin/python -m scripts.bench.drafting --reps 3 --workloads echo tooljson
     .venv/bin/python -m scripts.bench.drafting --only magnitude      # while iterating
 """

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What the HTTP gateway costs per request: one multi-step agent workload through the gateway (the openai
 SDK, as agent frameworks call it) and through the ZeroMQ client, side by side in one run.
 

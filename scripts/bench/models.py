@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Speed and memory of every pulled catalog model on this box, side by side in one run: load, prefill,
 decode, resident memory.
 

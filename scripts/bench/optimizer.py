@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The optimizer's settings vs fixed defaults on an agent-like mix, side by side in one run (issue 5).
 
 The mix, per round: long-prefill requests (a ~600-token robot log with a small

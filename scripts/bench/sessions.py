@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Stateless vs session-bound agent steps on the real model, side by side in one run.
 
 A 10-step agent-like conversation (long system prompt, a growing history of

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Speculative decoding on agent chat traces: off vs prompt lookup vs a draft model, side by side in one run.
 
 Agents echo their context: a file read in one step is written back with one change in the

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Speculative decoding (prompt-lookup drafting) on agent-like output, on vs off, side by side in one run.
 
 Agent output repeats what the context holds: tool-call JSON in a fixed shape, code

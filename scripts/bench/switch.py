@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Model slots: alternating requests between two resident models vs a reload per request, in one run.
 
 Two inference services run side by side with the same two named models

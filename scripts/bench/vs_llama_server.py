@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Magnitude against llama.cpp's own llama-server, identical agent workloads side by side in one run.
 
 The peer is ``llama-server`` built from the llama.cpp vendored in the pinned
@@ -24,7 +23,7 @@ client: TTFT from sending the request to the first streamed text, decode rate
 from the first to the last streamed text. Ratios are magnitude / llama-server
 (below 1: Magnitude is faster, except for decode tok/s where above 1 is).
 
-    .venv/bin/python -m scripts.bench.vs_llama_server                # everything (~10 minutes on 2 cores)
+    .venv/bin/python -m scripts.bench.vs_llama_server                # everything
     .venv/bin/python -m scripts.bench.vs_llama_server --workloads B C --reps 3
     .venv/bin/python -m scripts.bench.vs_llama_server --only magnitude --workloads B   # while iterating
 """

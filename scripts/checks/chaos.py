@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Chaos: agents keep working while a random service is kill -9'd, and nothing hangs or is lost.
 
     .venv/bin/python -m scripts.checks.chaos                    # 10 minutes, 8 agents, a kill every 20 s

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Coverage-guided fuzzing (atheris, libFuzzer) of the protocol decoder and every handler's body validation.
 
     .venv/bin/python -m scripts.checks.fuzz --runs 20000                 # what the test suite runs (a few minutes)

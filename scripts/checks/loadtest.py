@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Load and soak the inference service over ZeroMQ on this machine (ipc or loopback only).
 
 Load: for each N in --clients (default 1 4 16 64), N concurrent clients, each on

@@ -1,14 +1,13 @@
-#!/usr/bin/env python3
 """Agent task success: Magnitude's agent vs a plain OpenAI-style tool loop on llama-server, same model, one run.
 
-The tune set (scripts/bench/agent/data/agent_tune.json; --sets picks others): 69 tasks over
-the built-in tools (arithmetic for the calculator, files the bench writes for file_reader,
-memories it stores for memory_search, tasks that need two
-tools, multi-step tasks that need two or three dependent calls: a file naming the
-file that holds the answer, a file's or a memory's figures to compute with, a unit
-to convert to, a list to count or sum; tasks that need none) and 8 that need an MCP server's tool (a home robot's
-sensors, drives and doors: examples/mcp/home_robot.py, started by the tool service
-over stdio only when the run has mcp tasks), each with an expected answer checked strictly: the
+The tune set (scripts/bench/agent/data/agent_tune.json; --sets picks others): tasks over the
+built-in tools (arithmetic for the calculator, files the bench writes for file_reader,
+memories it stores for memory_search, tasks that need two tools, multi-step tasks that need
+two or three dependent calls: a file naming the file that holds the answer, a file's or a
+memory's figures to compute with, a unit to convert to, a list to count or sum; tasks that
+need none) and tasks that need an MCP server's tool (a home robot's sensors, drives and
+doors: examples/mcp/home_robot.py, started by the tool service over stdio only when the run
+has mcp tasks), each with an expected answer checked strictly: the
 final answer must hold the expected number (compared as a number) or every
 expected phrase (as whole words); an answer that merely contains a tool call, or
 a wrong number, fails; no task's question passes its own check (tests/test_bench_tasks.py).
