@@ -25,6 +25,7 @@ from openai import OpenAI
 from magnitude import launcher
 from scripts.bench.prompts import gemma_prompt
 from scripts.bench.stats import pct
+from services.gateway.keys import read_local_key
 from shared import process
 from shared.client import Client
 from shared.config import Config, dump_config, parse_config
@@ -62,7 +63,7 @@ class Paths:
         self.zmq = Client.for_service("inference", config, timeout_s=300)
         with Client.for_service("gateway", config, timeout_s=5) as c:
             url = c.health()["url"]
-        self.sdk = OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
+        self.sdk = OpenAI(base_url=f"{url}/v1", api_key=read_local_key(config), max_retries=0, timeout=300)
 
     def zeromq(self, messages: list[dict], session: str) -> tuple[float, float, str]:
         t0 = time.perf_counter()
