@@ -18,6 +18,7 @@ from scripts.bench.common import start_inference, stop
 from scripts.bench.llama_server import LlamaServer
 from shared.client import Client, GenerateResult
 
+
 @dataclass
 class Sample:
     ttft_s: float

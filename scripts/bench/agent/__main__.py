@@ -54,7 +54,7 @@ from scripts.bench import llama_server
 from scripts.bench.agent.runners import bench_config, run_http, run_magnitude, run_peer, start
 from scripts.bench.agent.tasks import KINDS, Task, available_sets, load_sets, write_files
 from scripts.bench.common import stop_services_on_sigterm
-from shared import process
+from shared import catalog, process
 from shared.client import Client
 from shared.config import dump_config
 
@@ -83,7 +83,6 @@ def catalog_models(names: list[str] | None) -> list[tuple[str, Path]]:
     model with a chat template; a base model cannot run an agent)."""
     if names and all(name.endswith(".gguf") for name in names):
         return [(Path(name).stem, Path(name)) for name in names]
-    from shared import catalog
     chosen = []
     for name in names or [m.name for m in catalog.CATALOG.values() if m.chat_template != "none"]:
         if name.endswith(".gguf"):
