@@ -158,7 +158,8 @@ def print_table(results: list[dict], version: str | None, n_tasks: int, args) ->
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.agent", description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", help="comma-separated catalog names or GGUF paths (default: every catalog model with a "
                                             "chat template)")
