@@ -4,11 +4,11 @@
 #
 # Where llama-cpp-python and the other Python packages come from: --build-arg INSTALL_FROM=
 #   auto        (default) the wheelhouse when it holds a llama-cpp-python wheel, else compile
-#   wheelhouse  offline: pip --no-index from ./wheelhouse (made by `bash scripts/wheelhouse` where PyPI
+#   wheelhouse  offline: pip --no-index from ./wheelhouse (made by `bash scripts/provision/wheelhouse` where PyPI
 #               answers); `docker build --network none` proves nothing else is fetched
 #   compile     a box with internet: compile llama-cpp-python for the CPU that builds the image
 #               (native/build_llama_wheel.sh) and take the other packages from PyPI
-# The base: a stock debian:bookworm-slim, or what `scripts/base_image` built from Debian packages under
+# The base: a stock debian:bookworm-slim, or what `scripts/provision/base_image` built from Debian packages under
 # that name where no container registry answers (it already holds docker/os-packages.txt).
 # Models are not in the image: the compose setup jobs assemble them into the `models` volume.
 ARG BASE_IMAGE=debian:bookworm-slim

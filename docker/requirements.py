@@ -4,7 +4,7 @@
     python docker/requirements.py extra test     # one optional-dependencies group
     python docker/requirements.py models         # the packages of the model compose's setup job pulls
 
-scripts/wheelhouse downloads these and the image's first stage installs them before
+scripts/provision/wheelhouse downloads these and the image's first stage installs them before
 the project's code is copied, so editing code does not re-install every dependency.
 """
 

@@ -22,5 +22,5 @@ def api_key(config_path: str | None = None) -> str:
     key = read_local_key(config)
     if key is None:
         raise RuntimeError(f"no gateway key at {local_key_path(config)}: start the stack once (magnitude up) "
-                           "or make one with scripts/keys api-key NAME and set MAGNITUDE_API_KEY")
+                           "or make one with scripts/ops/keys api-key NAME and set MAGNITUDE_API_KEY")
     return key

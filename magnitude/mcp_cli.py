@@ -14,5 +14,5 @@ def register(sub) -> None:
     s = mcp_sub.add_parser("serve", help="serve over stdio (default) or streamable HTTP (--http PORT)")
     s.add_argument("--http", type=int, metavar="PORT", help="streamable HTTP at http://HOST:PORT/mcp instead of stdio")
     s.add_argument("--host", default="127.0.0.1", help="HTTP address; anything but loopback needs API keys "
-                                                       "(scripts/keys api-key NAME)")
+                                                       "(scripts/ops/keys api-key NAME)")
     s.set_defaults(fn=cmd_serve)

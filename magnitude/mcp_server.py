@@ -123,7 +123,7 @@ def serve(config: Config, http_port: int | None, host: str) -> int:
         log.warning("api_key_created", path=str(made), use="Authorization: Bearer $(cat PATH)")
     keys = ApiKeys(keys_path(config))
     if host not in LOOPBACK_NAMES and not keys.present():
-        log.error("mcp_refused", host=host, why="serving beyond loopback needs API keys: scripts/keys api-key NAME")
+        log.error("mcp_refused", host=host, why="serving beyond loopback needs API keys: scripts/ops/keys api-key NAME")
         return 2
     # On loopback the SDK also checks Host and Origin (DNS rebinding); elsewhere the keys guard it.
     app = mcp.streamable_http_app(host=host, transport_security=None if host in LOOPBACK_NAMES else

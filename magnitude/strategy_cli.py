@@ -1,4 +1,4 @@
-"""``magnitude strategy show|dump|restore`` (also ``scripts/strategy``): the optimizer's learned strategy.
+"""``magnitude strategy show|dump|restore``: the optimizer's learned strategy.
 
 Talks to the running optimizer service; when it is down, says so and exits 1.
 """

@@ -75,7 +75,7 @@ CATALOG: dict[str, CatalogModel] = {m.name: m for m in (
         "Gemma 3 270M base (no chat template), Q4_K_M", "none", "Gemma Terms of Use (upstream)"),
 )}
 
-#: The model agents run on by default (``magnitude run``, scripts/bench_agent.py). Chosen by measured task
+#: The model agents run on by default (``magnitude run``, scripts/bench/agent/). Chosen by measured task
 #: success and speed on a 2-core box (docs/models.md); change it here only.
 DEFAULT_AGENT_MODEL = "qwen2.5-coder-1.5b"
 #: The smallest instruct model whose template renders tools: what the tests of chat and tool calls load.

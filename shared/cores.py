@@ -11,7 +11,7 @@ every graph node (hundreds per token). How a thread waits there decides the spee
 So the services spin long enough for the barriers inside a decode, and never compute at the same time: each
 llama.cpp computation (a ``llama_decode`` of inference, an embedding batch) holds the ``CoreLease``, a file
 lock in the stack's run directory (shared by every container of the compose stack). Measured here with
-the 1.5B chat model on 2 cores, decode tok/s (``scripts/bench_core_sharing.py``, docs/benchmarks.md):
+the 1.5B chat model on 2 cores, decode tok/s (``scripts/bench/core_sharing.py``, docs/benchmarks.md):
 
 =======================================  =====  ===============================  ======================
 wait policy                              alone  beside an embedding process      two decoding processes

@@ -1,5 +1,5 @@
 """Is a service up? One ``health`` request with a short timeout: for the launcher, the watchdog,
-``magnitude health`` and ``scripts/health`` (the compose healthcheck, run every 15 s in every container, so
+``magnitude health`` and ``scripts/ops/health`` (the compose healthcheck, run every 15 s in every container, so
 this module stays light: no model runtime, no user-facing package)."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ them; tcp:// on 127.0.0.0/8 or ::1 is local too. An endpoint bound to any
 other address must use ZeroMQ CURVE: the service proves its identity with its
 secret key and accepts only clients whose public key is in
 ``<keys_dir>/clients/``, checked by pyzmq's ZAP authenticator. Keys are made by
-``scripts/keys``.
+``scripts/ops/keys``.
 
 Loopback is not a user: any local account can reach a loopback tcp port. So a
 message that changes the box (``MessageSpec.privileged``: engine and model
@@ -147,7 +147,7 @@ class Keypair:
 
 def _load(path: Path) -> Keypair:
     if not path.is_file():
-        raise SecurityError(f"CURVE key {path} not found; create keys with scripts/keys")
+        raise SecurityError(f"CURVE key {path} not found; create keys with scripts/ops/keys")
     _check_private(path)
     public, secret = zmq.auth.load_certificate(str(path))
     if secret is None:
@@ -167,7 +167,7 @@ class CurveServer:
         self.keys = _load(keys_dir / "server.key_secret")
         clients = keys_dir / "clients"
         if not clients.is_dir() or not any(clients.glob("*.key")):
-            raise SecurityError(f"no authorized client keys in {clients}; add one with scripts/keys client NAME")
+            raise SecurityError(f"no authorized client keys in {clients}; add one with scripts/ops/keys client NAME")
         if stat.S_IMODE(clients.stat().st_mode) & 0o022:  # whoever can add a key there could let anyone in
             raise SecurityError(f"{clients} is writable by others; run: chmod 700 {clients}")
         self._auth = ThreadAuthenticator(ctx)

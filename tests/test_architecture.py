@@ -34,9 +34,9 @@ def _imported_modules(path: Path) -> set[str]:
 
 
 def test_health_script_loads_no_model_runtime_and_no_user_package(tmp_path):
-    """scripts/health is the compose healthcheck of every container, every 15 s: it must stay light."""
+    """scripts/ops/health is the compose healthcheck of every container, every 15 s: it must stay light."""
     env = {"PATH": "/usr/bin:/bin", "MAGNITUDE_HOME": str(tmp_path), "PYTHONPROFILEIMPORTTIME": "1"}
-    out = subprocess.run(["bash", str(REPO / "scripts" / "health"), "--service", "inference", "--timeout", "0.2"],
+    out = subprocess.run(["bash", str(REPO / "scripts" / "ops" / "health"), "--service", "inference", "--timeout", "0.2"],
                          capture_output=True, text=True, env=env, timeout=60)
     assert out.returncode == 1, out.stderr[-2000:]  # nothing runs in this empty home: unhealthy, said plainly
     assert out.stdout.startswith("inference") and "UNHEALTHY" in out.stdout

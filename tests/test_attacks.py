@@ -596,7 +596,7 @@ def test_revoking_the_last_api_key_does_not_turn_authentication_off(tmp_path):
         assert httpx.get(f"{url}/metrics").status_code == 401
         assert httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {key}"}).status_code == 200
         config = write_config(tmp_path, gateway.config)
-        subprocess.run([sys.executable, "scripts/keys", "--config", str(config), "revoke-api-key", "robot"],
+        subprocess.run([sys.executable, "-m", "scripts.ops.keys", "--config", str(config), "revoke-api-key", "robot"],
                        cwd=REPO, check=True, capture_output=True)
         for headers in ({}, {"Authorization": f"Bearer {key}"}):
             answer = httpx.get(f"{url}/metrics", headers=headers)

@@ -4,14 +4,11 @@ passes its own answer check, so a task is solved only by reading and computing, 
 from __future__ import annotations
 
 import re
-import sys
 
-from tests.conftest import REPO
+from scripts.bench.agent.grader import correct
+from scripts.bench.agent.tasks import FILES, MEMORIES, TASKS, available_sets, load_set
 
-sys.path.insert(0, str(REPO / "scripts"))
-import bench_agent  # noqa: E402
-
-MULTI = [t for t in bench_agent.TASKS if t.kind == "multi_step"]
+MULTI = [t for t in TASKS if t.kind == "multi_step"]
 
 
 def test_there_are_at_least_twenty_multi_step_tasks_of_every_kind_of_chain():
@@ -22,35 +19,35 @@ def test_there_are_at_least_twenty_multi_step_tasks_of_every_kind_of_chain():
 
 
 def test_no_question_passes_its_own_check():
-    for task in bench_agent.TASKS:
-        assert not bench_agent.correct(task.goal, task.expected), task.goal
+    for task in TASKS:
+        assert not correct(task.goal, task.expected), task.goal
 
 
 def test_no_single_source_of_a_multi_step_task_holds_its_answer():
     """The file the question names and every memory fall short: the answer is in a file that file names, or
     it has to be computed (an agent that stops after its first step fails)."""
     for task in MULTI:
-        named = [text for name, text in bench_agent.FILES.items() if name in task.goal]
+        named = [text for name, text in FILES.items() if name in task.goal]
         assert named or "memories" in task.goal, task.goal
-        for text in named + bench_agent.MEMORIES:
-            assert not bench_agent.correct(text, task.expected), (task.goal, text)
+        for text in named + MEMORIES:
+            assert not correct(text, task.expected), (task.goal, text)
 
 
 def test_the_check_reads_numbers_as_numbers_and_phrases_as_words():
-    assert bench_agent.correct("It comes to 12.50 euros.", ("12.5",))
-    assert bench_agent.correct("The fuel cost 114.56 euros.", ("114.56",))
-    assert not bench_agent.correct("The fuel cost 114.5 euros.", ("114.56",))
-    assert not bench_agent.correct("It holds 18000 ml.", ("1800",))
-    assert bench_agent.correct("The phone number is 555-0178.", ("555-0178",))
-    assert not bench_agent.correct("Call 555-01789.", ("555-0178",))
-    assert bench_agent.correct("Eleven things.", ("11|eleven",))
+    assert correct("It comes to 12.50 euros.", ("12.5",))
+    assert correct("The fuel cost 114.56 euros.", ("114.56",))
+    assert not correct("The fuel cost 114.5 euros.", ("114.56",))
+    assert not correct("It holds 18000 ml.", ("1800",))
+    assert correct("The phone number is 555-0178.", ("555-0178",))
+    assert not correct("Call 555-01789.", ("555-0178",))
+    assert correct("Eleven things.", ("11|eleven",))
 
 
 def test_no_question_of_any_set_passes_its_own_check_in_its_language():
-    for name in bench_agent.available_sets():
-        tasks, files, _ = bench_agent.load_set(name)
+    for name in available_sets():
+        tasks, files, _ = load_set(name)
         assert tasks, name
         for task in tasks:
-            assert not bench_agent.correct(task.goal, task.expected, task.language), (name, task.goal)
+            assert not correct(task.goal, task.expected, task.language), (name, task.goal)
         for task in (t for t in tasks if t.kind == "file"):
-            assert any(path in task.goal for path in {**bench_agent.FILES, **files}), (name, task.goal)
+            assert any(path in task.goal for path in {**FILES, **files}), (name, task.goal)

@@ -1,4 +1,4 @@
-"""Two minutes of chaos (scripts/chaos.py): 8 agents and a memory writer while a random service is kill -9'd
+"""Two minutes of chaos (scripts/checks/chaos.py): 8 agents and a memory writer while a random service is kill -9'd
 every 20 s under the real watchdog. No operation may hang, no acknowledged memory write may be lost, every
 failure must be a typed error, and the watchdog must bring every killed service back."""
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.model
 
 def test_two_minutes_of_chaos_lose_nothing_and_hang_nothing():
     require_model(CHAT_MODEL_PATH)  # its agents chat with an instruct model
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "chaos.py"), "--minutes", "2", "--json",
+    done = subprocess.run([sys.executable, "-m", "scripts.checks.chaos", "--minutes", "2", "--json",
                            "--seed", "16"], capture_output=True, text=True, timeout=900, cwd=REPO)
     assert done.stdout.strip(), f"chaos.py printed no result (exit {done.returncode}):\n{done.stderr[-3000:]}"
     result = json.loads(done.stdout.strip().splitlines()[-1])

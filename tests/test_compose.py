@@ -30,8 +30,9 @@ def test_every_launcher_service_has_a_container_and_vice_versa():
         elif svc["command"][:2] == ["magnitude", "models"]:  # a setup job pulling from the model catalog
             args = build_parser().parse_args(svc["command"][1:])
             assert args.models_command == "pull", f"{name}: {svc['command']}"
-        else:  # a setup job: docker/with-packages PIP_ARGS -- python scripts/X.py ...
+        else:  # a setup job: docker/with-packages PIP_ARGS -- python -m scripts.JOB.NAME ...
             files = [arg for arg in svc["command"] if arg.startswith(("docker/", "scripts/"))]
+            files += [arg.replace(".", "/") + ".py" for arg in svc["command"] if arg.startswith("scripts.")]
             assert files and all((REPO / f).is_file() for f in files), f"{name}: {svc['command']}"
 
 

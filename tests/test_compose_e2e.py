@@ -1,7 +1,7 @@
 """`docker compose up` for real, on a Docker engine: the image, the stack, and what a user does with it.
 
-The image builds offline (`--network none`) from the wheelhouse (scripts/wheelhouse) on a base that
-scripts/base_image makes where no registry answers; compose brings every service up healthy by
+The image builds offline (`--network none`) from the wheelhouse (scripts/provision/wheelhouse) on a base that
+scripts/provision/base_image makes where no registry answers; compose brings every service up healthy by
 Docker's own healthchecks; the host generates through the run volume's socket; an agent task runs
 inside the stack; a memory survives `down` + `up` (the data volume); tools run under bubblewrap and a
 configured python tool reads none of the data volume; a SIGSTOPped inference process is restarted by the
@@ -139,7 +139,7 @@ def image():
                         "docker.io and docker-compose and starts dockerd", pytrace=False)
         pytest.skip(f"compose end-to-end test: {missing}")
     timings = {}
-    for step, cmd in (("base image", ["bash", "scripts/base_image"]), ("wheelhouse", ["bash", "scripts/wheelhouse"]),
+    for step, cmd in (("base image", ["bash", "scripts/provision/base_image"]), ("wheelhouse", ["bash", "scripts/provision/wheelhouse"]),
                       ("offline image build", ["docker", "build", "--network", "none", "--build-arg",
                                                "INSTALL_FROM=wheelhouse", "-t", IMAGE, "."])):
         start = time.monotonic()
@@ -158,7 +158,7 @@ def stack(image):
     compose("down", "-v", "--remove-orphans", check=False)  # what a crashed earlier run left
     try:
         # The gateway is published beyond loopback inside its container: it refuses to start without a key.
-        key = compose("run", "--rm", "--no-deps", "gateway", "scripts/keys", "api-key", "e2e",
+        key = compose("run", "--rm", "--no-deps", "gateway", "scripts/ops/keys", "api-key", "e2e",
                       timeout=120).stdout.strip().splitlines()[-1]
         first_up = up_until_healthy("first up")
         REPORT.append(f"compose e2e: `up -d` to every service healthy: {first_up:.0f} s (models assembled)")

@@ -22,7 +22,7 @@ def test_exposure_rules():
 def test_exposed_service_without_keys_refuses_to_start(tmp_path):
     import zmq
     from shared.security import CurveServer
-    with pytest.raises(SecurityError, match="scripts/keys"):
+    with pytest.raises(SecurityError, match="scripts/ops/keys"):
         CurveServer(zmq.Context.instance(), tmp_path / "nokeys")
 
 

@@ -1,6 +1,6 @@
 """Coverage-guided fuzzing (atheris) of the protocol decoder and every handler's body validation, short.
 
-The run is ``scripts/fuzz.py`` in its own process (libFuzzer ends the process it runs in); a finding (an
+The run is ``scripts/checks/fuzz.py`` in its own process (libFuzzer ends the process it runs in); a finding (an
 exception other than a typed ProtocolError, or a crash) fails it. The counts go to the test summary. The
 long run (1,000,000 inputs and more) is documented in docs/security.md.
 """
@@ -19,7 +19,7 @@ RUNS = 50_000
 @pytest.mark.model
 def test_coverage_guided_fuzzing_finds_nothing():
     require_model()
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "fuzz.py"), "--runs", str(RUNS)],
+    done = subprocess.run([sys.executable, "-m", "scripts.checks.fuzz", "--runs", str(RUNS)],
                           capture_output=True, text=True, timeout=600, cwd=REPO)
     output = done.stdout + done.stderr
     assert done.returncode == 0 and f"Done {RUNS} runs" in output, output[-4000:]

@@ -76,7 +76,7 @@ def _start(tmp_path, gateway: dict) -> subprocess.CompletedProcess:
 def test_refuses_to_listen_beyond_loopback_without_api_keys(tmp_path):
     out = _start(tmp_path, {"host": "0.0.0.0", "port": 0})
     assert out.returncode == 1
-    assert "gateway: refusing to start" in out.stderr and "scripts/keys api-key" in out.stderr
+    assert "gateway: refusing to start" in out.stderr and "scripts/ops/keys api-key" in out.stderr
 
 
 def test_a_taken_port_is_a_clear_start_failure(tmp_path):

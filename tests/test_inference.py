@@ -5,7 +5,7 @@ import asyncio
 import pytest
 
 from shared.client import AsyncClient, Client, GenerateResult, ServiceError
-from scripts._prompts import gemma_prompt
+from scripts.bench.prompts import gemma_prompt
 
 pytestmark = pytest.mark.model
 

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from shared.client import Client, ServiceError
-from scripts._prompts import gemma_prompt
+from scripts.bench.prompts import gemma_prompt
 from magnitude.stats_cli import histogram_quantile, restarts_by_service, summarize
 from shared.config import ConfigError, parse_config
 from shared.metrics import metrics_for

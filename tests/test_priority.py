@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from scripts._prompts import gemma_prompt
+from scripts.bench.prompts import gemma_prompt
 from shared.client import Client, GenerateResult
 from tests.conftest import REPORT, running_inference
 

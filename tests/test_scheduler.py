@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from scripts._prompts import gemma_prompt
+from scripts.bench.prompts import gemma_prompt
 from shared.client import Client, GenerateResult
 from tests.conftest import REPORT, ServiceProcess, make_config, require_model, running_inference, write_config
 

@@ -10,33 +10,31 @@ tools service (calculator, file_reader over the benchmark's files) and the gatew
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
-from pathlib import Path
 
 import openai
 import pytest
 from openai import OpenAI
 
+from magnitude.agent import tool_specs
+from scripts.bench.agent.runners import peer_task
+from scripts.bench.agent.tasks import FILES, TASKS, write_files
 from services.gateway.keys import read_local_key
 from shared import catalog
 from shared.client import Client
 from shared.config import parse_config
 from shared.protocol import encode_request, new_request_id
-from tests.conftest import (REPO, REPORT, ServiceProcess, gaps_while, make_config, require_model, wait_for,
+from tests.conftest import (REPORT, ServiceProcess, gaps_while, make_config, require_model, wait_for,
                             write_config)
-
-sys.path.insert(0, str(REPO / "scripts"))
-import bench_agent  # noqa: E402  (the benchmark's tasks, files and plain OpenAI tool loop)
 
 pytestmark = pytest.mark.model
 
 AGENT_MODEL = catalog.DEFAULT_AGENT_MODEL
 CHAT_MODEL = catalog.TEST_CHAT_MODEL
 #: Tasks whose answers need one or two dependent tool calls over files and the calculator.
-LOOP_TASKS = [t for t in bench_agent.TASKS if t.kind == "file"][:4] + \
-             [t for t in bench_agent.TASKS if t.kind == "two_tools" and "memories" not in t.goal][:4]
+LOOP_TASKS = [t for t in TASKS if t.kind == "file"][:4] + \
+             [t for t in TASKS if t.kind == "two_tools" and "memories" not in t.goal][:4]
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +43,7 @@ def stack(run_home):
     require_model(agent_path)
     require_model(chat_path)
     home = run_home / "shared-engine"
-    bench_agent.write_files(home / "files", bench_agent.FILES)
+    write_files(home / "files", FILES)
     # Prompt chunks of 8 tokens beside running decodes: a step then costs about one decode, so the regex test
     # measures what preparation does to another stream, not how long a 32-token chunk takes (about 180 ms
     # on the 0.5B here, which alone came close to the 250 ms bound).
@@ -116,17 +114,17 @@ def test_a_tool_conversation_answers_the_same_with_and_without_a_session(stack):
 
 
 def test_a_plain_openai_tool_loop_solves_as_much_with_session_headers(stack):
-    """bench_agent's plain loop (no Magnitude agent code) on the default model, each task once with a session
+    """The agent benchmark's plain loop (no Magnitude agent code) on the default model, each task once with a session
     id and once without: session reuse must never cost a task (it used to make the model repeat its call)."""
     solved = {}
     with Client.for_service("tools", stack["config"], timeout_s=60) as tools:
-        specs = bench_agent.tool_specs(tools.request("tool.list")["tools"])
+        specs = tool_specs(tools.request("tool.list")["tools"])
         for mode in ("session", "none"):
             outcomes = []
             for i, task in enumerate(LOOP_TASKS):
                 client = sdk(stack, f"loop-{i}-{time.monotonic_ns()}" if mode == "session" else None)
-                outcomes.append(bench_agent.peer_task(client, tools, specs, task, max_steps=6, max_tokens=256,
-                                                      model="default"))
+                outcomes.append(peer_task(client, tools, specs, task, max_steps=6, max_tokens=256,
+                                          model="default"))
             solved[mode] = [o.ok for o in outcomes]
             REPORT.append(f"plain openai loop, {mode}: {sum(solved[mode])}/{len(LOOP_TASKS)} solved, "
                           f"{sum(o.steps for o in outcomes)} steps")

@@ -2,7 +2,7 @@
 
 What a robot program exposes to Magnitude's agent without wrapping anything as a python tool: the
 agent's tool service starts it (stdio) or reaches it (streamable HTTP). The readings are fixed tables,
-so ``scripts/bench_agent.py`` can check the answers and the tests can assert them.
+so ``scripts/bench/agent/`` can check the answers and the tests can assert them.
 
     python examples/mcp/home_robot.py                              # stdio (the tool service starts it)
     python examples/mcp/home_robot.py --http 8765                  # streamable HTTP on 127.0.0.1:8765/mcp

@@ -94,12 +94,12 @@ def authenticate(gw: Gateway, authorization: str) -> str | None:
     scheme, _, key = authorization.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
         raise _unauthorized("this gateway needs an API key: send 'Authorization: Bearer KEY' "
-                            "(keys are made with scripts/keys api-key NAME)")
+                            "(keys are made with scripts/ops/keys api-key NAME)")
     owner = gw.keys.who(key.strip())
     if owner is None:
         raise _unauthorized("the API key is not valid" if gw.keys.names() else
                             "every API key of this gateway was revoked, so it admits no one: make one with "
-                            "scripts/keys api-key NAME")
+                            "scripts/ops/keys api-key NAME")
     return owner
 
 

@@ -108,7 +108,7 @@ def _document(app: FastAPI, gw: Gateway) -> None:
                 base["components"]["schemas"].pop(name, None)
             base["components"]["securitySchemes"] = {"bearer": {
                 "type": "http", "scheme": "bearer",
-                "description": "an API key from scripts/keys api-key NAME; required once keys exist, and always "
+                "description": "an API key from scripts/ops/keys api-key NAME; required once keys exist, and always "
                                "when the gateway listens beyond loopback"}}
             base["paths"]["/health"]["get"]["security"] = []
             _document_streams(base, {**completions.STREAM_CHUNKS, **responses.STREAM_EVENTS})

@@ -1,4 +1,4 @@
-"""API keys of the HTTP gateway: made by ``scripts/keys api-key NAME``, checked on every request.
+"""API keys of the HTTP gateway: made by ``scripts/ops/keys api-key NAME``, checked on every request.
 
 The file holds one ``NAME SHA256HEX`` line per key, never the key itself, so a
 copy of the file (a backup, a volume snapshot) grants nothing. A presented key
@@ -159,6 +159,6 @@ def _write(path: Path, entries: list[_Entry]) -> None:
     tmp = path.with_name(path.name + ".tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write("# Magnitude gateway API keys: NAME SHA256(key). Made by scripts/keys api-key NAME.\n")
+        f.write("# Magnitude gateway API keys: NAME SHA256(key). Made by scripts/ops/keys api-key NAME.\n")
         f.writelines(f"{e.name} {e.digest.hex()}\n" for e in entries)
     os.replace(tmp, path)

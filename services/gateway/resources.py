@@ -129,7 +129,7 @@ async def feedback(req: FeedbackRequest, gw: Context, owner: Caller):
     if not gw.auth_required() and not gw.keyless_feedback.take():
         raise ApiError(429, "rate_limit_error", ErrorCode.BUSY, "feedback without API keys is limited to "
                        f"{gw.config.gateway.feedback_per_minute} a minute (gateway.feedback_per_minute); "
-                       "make keys with scripts/keys api-key NAME for more")
+                       "make keys with scripts/ops/keys api-key NAME for more")
     body = {"session_id": scoped(owner, req.session_id), "success": req.success,
             "error_reason": req.error_reason, "details": req.details}
     reply = await gw.upstreams.request("optimizer", "feedback", {k: v for k, v in body.items() if v is not None})

@@ -2,7 +2,7 @@
 
 Its health reaches the watchdog the way every service's does: the service loop
 answers ``health`` on ``ipc://.../gateway.sock``, so ``magnitude health``, the
-compose healthcheck (``scripts/health --service gateway``) and the watchdog's
+compose healthcheck (``scripts/ops/health --service gateway``) and the watchdog's
 heartbeat need nothing new, and the healthcheck stays light. What that answer
 says about HTTP comes from the worker: its one worker thread runs uvicorn's
 event loop, which beats the service's heartbeat about once a second. A loop
@@ -68,7 +68,7 @@ class GatewayService(Service):
         keys = self._first_start_keys(config, loopback)
         if not loopback and not keys.present():
             raise SecurityError(f"gateway.host {cfg.host} is not loopback and {keys.path} holds no API key; "
-                                "make one with scripts/keys api-key NAME (or bind 127.0.0.1)")
+                                "make one with scripts/ops/keys api-key NAME (or bind 127.0.0.1)")
         self._http_in_flight = 0  # HTTP requests being answered: they are not the loop's jobs
         self.http_socket = bind(cfg.host, cfg.port)
         self.url = f"http://{_url_host(cfg.host)}:{self.http_socket.getsockname()[1]}"
@@ -83,10 +83,10 @@ class GatewayService(Service):
 
     def _first_start_keys(self, config: Config, loopback: bool) -> ApiKeys:
         """The API keys, made now on a loopback first start unless keyless loopback is the explicit choice
-        (beyond loopback keys stay a deliberate step: scripts/keys api-key NAME)."""
+        (beyond loopback keys stay a deliberate step: scripts/ops/keys api-key NAME)."""
         if loopback and config.gateway.allow_keyless_loopback:
             self.log.warning("gateway_keyless", why="gateway.allow_keyless_loopback: every local account on "
-                             "this box can call its tools until a key exists (scripts/keys api-key NAME)")
+                             "this box can call its tools until a key exists (scripts/ops/keys api-key NAME)")
         elif loopback:
             made = ensure_local_key(config)
             if made:

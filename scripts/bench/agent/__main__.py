@@ -1,0 +1,212 @@
+"""Agent task success: Magnitude's agent vs a plain OpenAI-style tool loop on llama-server, same model, one run.
+
+The tune set (scripts/bench/agent/data/agent_tune.json; --sets picks others): tasks over the
+built-in tools (arithmetic for the calculator, files the bench writes for file_reader,
+memories it stores for memory_search, tasks that need two tools, multi-step tasks that need
+two or three dependent calls: a file naming the file that holds the answer, a file's or a
+memory's figures to compute with, a unit to convert to, a list to count or sum; tasks that
+need none) and tasks that need an MCP server's tool (a home robot's sensors, drives and
+doors: examples/mcp/home_robot.py, started by the tool service over stdio only when the run
+has mcp tasks), each with an expected answer checked strictly: the
+final answer must hold the expected number (compared as a number) or every
+expected phrase (as whole words); an answer that merely contains a tool call, or
+a wrong number, fails; no task's question passes its own check (tests/test_bench_tasks.py).
+
+Per model, two phases run one after the other on the same GGUF:
+  magnitude  the stack's own services (inference, tools, embedding, retrieval,
+             optimizer) and ``magnitude.agent.Agent``;
+  http       the same services and loop behind the gateway: each task POSTed to
+             ``/v1/responses`` with a plain HTTP client (urllib), as agent
+             software in another language would run it;
+  peer       ``llama-server --jinja`` (native/build_llama_server.sh) and the loop
+             a user writes with the official ``openai`` client: send the tools,
+             run the returned tool_calls, feed the results back as tool
+             messages, stop at a message without tool calls.
+Both get the same system prompt, the same tools (executed by the same tool
+service), temperature 0, seed 0, the same max steps and max tokens per step, and
+the same n_ctx and threads. The tasks of one phase run one after the other in one
+session (Magnitude) / one slot (llama-server), so both reuse the shared prompt
+prefix. Both sides of a model run under one hold of the shared heavy-job lock
+(/tmp/magnitude-heavy.lock), so they see the same load on the box.
+
+Needs the ``bench`` extra (``pip install -e .[bench]``: the pinned ``openai`` client).
+
+    .venv/bin/python -m scripts.bench.agent                           # every catalog model
+    .venv/bin/python -m scripts.bench.agent --models qwen2.5-coder-0.5b --limit 10
+    .venv/bin/python -m scripts.bench.agent --tasks memory,two_tools --json rows.json
+    .venv/bin/python -m scripts.bench.agent --models qwen2.5-coder-1.5b --tasks arithmetic,file,memory,mcp --systems magnitude
+    .venv/bin/python -m scripts.bench.agent --models qwen2.5-coder-1.5b --systems magnitude,http,peer
+    .venv/bin/python -m scripts.bench.agent --models qwen2.5-coder-1.5b --sets tune,fp --limit 10   # per set/language
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+from scripts.bench import llama_server
+from scripts.bench.agent.runners import bench_config, run_http, run_magnitude, run_peer, start
+from scripts.bench.agent.tasks import KINDS, Task, available_sets, load_sets, write_files
+from scripts.bench.common import stop_services_on_sigterm
+from shared import catalog, process
+from shared.client import Client
+from shared.config import dump_config
+
+HEAVY_LOCK = "/tmp/magnitude-heavy.lock"
+SYSTEMS = ("magnitude", "http", "peer")
+
+
+@contextlib.contextmanager
+def heavy_lock(enabled: bool):
+    """The shared lock that keeps heavy jobs on this box one at a time (see CONVENTIONS)."""
+    if not enabled:
+        yield
+        return
+    with open(HEAVY_LOCK, "a") as handle:
+        print(f"waiting for {HEAVY_LOCK} ...", file=sys.stderr, flush=True)
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+# --- main ------------------------------------------------------------------------------------------
+def catalog_models(names: list[str] | None) -> list[tuple[str, Path]]:
+    """(name, GGUF path) per requested model: a catalog name, or a path to any GGUF (default: every catalog
+    model with a chat template; a base model cannot run an agent)."""
+    if names and all(name.endswith(".gguf") for name in names):
+        return [(Path(name).stem, Path(name)) for name in names]
+    chosen = []
+    for name in names or [m.name for m in catalog.CATALOG.values() if m.chat_template != "none"]:
+        if name.endswith(".gguf"):
+            chosen.append((Path(name).stem, Path(name)))
+            continue
+        try:
+            model = catalog.get(name)
+        except catalog.CatalogError as err:
+            raise SystemExit(str(err)) from None
+        if not model.path().is_file():
+            raise SystemExit(f"model {name} is not pulled yet: run `magnitude models pull {name}`")
+        chosen.append((name, model.path()))
+    return chosen
+
+
+def bench_model(name: str, model_path: Path, tasks: list[Task], memories: list[str], args, home: Path,
+                binary: str | None) -> dict:
+    print(f"\n=== {name} ({model_path.stat().st_size / 2**20:.0f} MiB) ===", file=sys.stderr, flush=True)
+    config = bench_config(home, model_path, args.n_ctx, args.max_steps, args.max_tokens,
+                          any(t.kind == "mcp" for t in tasks))
+    path = home / "bench.yaml"
+    path.write_text(dump_config(config))
+    start(config, path, ("embedding", "retrieval", "tools", "optimizer"))
+    try:
+        with Client.for_service("retrieval", config, timeout_s=120) as retrieval:
+            retrieval.request("memory.upsert_many", {"collection": config.agent.memory_collection, "items": [
+                {"id": f"m{i}", "text": text} for i, text in enumerate(memories)]})
+        result = {"model": name, "size_mib": round(model_path.stat().st_size / 2**20), "decode_tps": None}
+        with heavy_lock(not args.no_lock):  # both sides of one model under one hold: the same box load
+            if "magnitude" in args.systems or "http" in args.systems:
+                start(config, path, ("inference",))
+                try:
+                    with Client.for_service("inference", config) as inference:
+                        result["decode_tps"] = inference.generate("Count from one to twenty in words:", max_tokens=48,
+                                                                  temperature=0).stats.get("decode_tps")
+                    if "magnitude" in args.systems:
+                        result["magnitude"] = run_magnitude(config, tasks, name)
+                    if "http" in args.systems:
+                        result["http"] = run_http(config, home, tasks)
+                finally:
+                    process.stop(config, "inference")
+            if "peer" in args.systems:
+                with llama_server.LlamaServer(binary, model_path, [
+                        "--jinja", "-c", str(args.n_ctx), "-np", "1", "-t", str(os.cpu_count() or 1)],
+                        home / "llama-server.log") as server:
+                    result["peer"] = run_peer(f"{server.url}/v1", config, tasks, args.max_steps, args.max_tokens)
+    finally:
+        for service in ("optimizer", "tools", "retrieval", "embedding"):
+            process.stop(config, service)
+    return result
+
+
+def print_table(results: list[dict], version: str | None, n_tasks: int, args) -> None:
+    peer = (f"llama-server --jinja ({version}) + openai {__import__('openai').__version__} loop" if version
+            else "not run")
+    print(f"\nbench_agent: {n_tasks} tasks, max {args.max_steps} steps of {args.max_tokens} tokens, n_ctx {args.n_ctx}, "
+          f"temperature 0; peer: {peer}")
+    width = max([len(r["model"]) for r in results] + [20]) + 2
+    head = (f"{'model':<{width}}{'system':<11}{'solved':>9}{'valid calls':>13}{'steps/task':>12}{'s/task':>8}  "
+            + " ".join(f"{k:>10}" for k in KINDS))
+    print(head)
+    for r in results:
+        for system in [x for x in SYSTEMS if x in r]:
+            s = r[system].summary()
+            rate = "-" if s["valid_call_rate"] is None else f"{100 * s['valid_call_rate']:.0f}% ({s['calls']})"
+            kinds = " ".join(f"{f'{a}/{b}':>10}" for a, b in s["by_kind"].values())
+            print(f"{r['model']:<{width}}{system:<11}"
+                  f"{str(s['solved']) + '/' + str(s['tasks']):>9}"
+                  f"{rate:>13}{s['steps_per_task']:>12.2f}{s['seconds_per_task']:>8.1f}  {kinds}")
+            print(f"{'':<{width}}{'':<11}by set/language: "
+                  + ", ".join(f"{group} {a}/{b}" for group, (a, b) in s["by_set"].items()))
+        print(f"{'':<{width}}{r['size_mib']} MiB; Magnitude decode {r['decode_tps']} tok/s (free text)")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(prog="python -m scripts.bench.agent", description=__doc__.split("\n\n")[0],
+                                     epilog=__doc__.split("\n\n", 1)[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", help="comma-separated catalog names or GGUF paths (default: every catalog model with a "
+                                            "chat template)")
+    parser.add_argument("--tasks", help=f"comma-separated kinds to run ({', '.join(KINDS)}; default: all)")
+    parser.add_argument("--sets", default="tune", help="comma-separated task sets from scripts/bench/agent/data "
+                                                     f"({', '.join(available_sets())}; default: tune)")
+    parser.add_argument("--limit", type=int, help="run only the first N tasks of each set (after --tasks), "
+                                                  "for quick checks")
+    parser.add_argument("--max-steps", type=int, default=6, help="model turns per task, both systems (default 6)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="tokens per model turn (default 256)")
+    parser.add_argument("--n-ctx", type=int, default=4096, help="context size, both systems (default 4096)")
+    parser.add_argument("--systems", default="magnitude,peer", help=f"which of {', '.join(SYSTEMS)} to run, "
+                                                                       "comma-separated (default: magnitude,peer)")
+    parser.add_argument("--json", type=Path, help="write every task's outcome to this file")
+    parser.add_argument("--no-lock", action="store_true", help=f"do not take {HEAVY_LOCK} (already held)")
+    args = parser.parse_args()
+    stop_services_on_sigterm()
+    kinds = args.tasks.split(",") if args.tasks else list(KINDS)
+    if unknown := set(kinds) - set(KINDS):
+        parser.error(f"unknown task kinds: {', '.join(sorted(unknown))}")
+    if set(args.systems.split(",")) - set(SYSTEMS):
+        parser.error(f"--systems takes {', '.join(SYSTEMS)} (comma-separated)")
+    if unknown := set(args.sets.split(",")) - set(available_sets()):
+        parser.error(f"unknown task sets: {', '.join(sorted(unknown))} (there are {', '.join(available_sets())})")
+    set_tasks, files, memories = load_sets(args.sets.split(","))
+    tasks = [t for name in args.sets.split(",") for t in
+             [t for t in set_tasks if t.set == name and t.kind in kinds][:args.limit]]
+    models = catalog_models(args.models.split(",") if args.models else None)
+    binary = llama_server.build() if "peer" in args.systems else None  # built on first use: minutes
+    version = llama_server.version(binary) if binary else None
+    results = []
+    with tempfile.TemporaryDirectory(prefix="mba", dir="/tmp") as tmp:
+        home = Path(tmp)
+        for name, path in models:
+            write_files(home / name / "files", files)
+            results.append(bench_model(name, path, tasks, memories, args, home / name, binary))
+            print_table(results, version, len(tasks), args)
+    if args.json:
+        args.json.write_text(json.dumps([{"model": r["model"], **{
+            system: [{"goal": o.task.goal, "kind": o.task.kind, "set": o.task.set,
+                      "language": o.task.language, "expected": o.task.expected, "answer": o.answer,
+                      "ok": o.ok, "steps": o.steps, "calls": o.calls, "valid_calls": o.valid_calls,
+                      "seconds": round(o.seconds, 2), "error": o.error, "trace": o.trace}
+                     for o in r[system].outcomes]
+            for system in SYSTEMS if system in r}} for r in results], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
