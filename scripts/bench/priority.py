@@ -15,8 +15,8 @@ prompts; the backends and their timing are ``bench_vs_llama_server.py``'s. The i
 are ``priority: interactive`` and the background ones ``background`` (Magnitude only: llama-server ignores
 them). Ratios below 1 for TTFT and latency, above 1 for tok/s, favour priorities.
 
-    .venv/bin/python scripts/bench_priority.py --reps 3
-    .venv/bin/python scripts/bench_priority.py --only magnitude --steps 4 --long-tokens 128   # quick
+    .venv/bin/python -m scripts.bench.priority --reps 3
+    .venv/bin/python -m scripts.bench.priority --only magnitude --steps 4 --long-tokens 128   # quick
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ from scripts.bench.llama_server import build as build_server
 from scripts.bench.prompts import agent_history, gemma_prompt, next_turn
 
 SLOTS = 4
-#: Plain text to continue, not a chat turn: any model goes on with a story for a long while (asked in a chat
-#: format that is not its own, Qwen's 1.5B ended its answers after a few dozen tokens).
+#: Plain text to continue, not a chat turn: any model goes on with a story for a long while, where a chat turn
+#: in a format that is not the model's own may end early (docs/benchmarks.md).
 STORIES = [f"The following is a long, detailed story in many chapters about a robot that {task}.\n\nChapter 1\n\n"
            for task in ("cleans a library at night", "learns to bake bread", "guards a lighthouse",
                         "explores an old mine")]
@@ -157,7 +157,7 @@ def main() -> int:
         print(f"{metric:<28}" + "".join(f"{statistics.median(results[n][metric]):>14.3f}" for n in names))
     print("cores used by other processes (max): " + ", ".join(
         f"{n} {max(results[n]['foreign']):.2f}" for n in names))
-    print("\nreproduce: .venv/bin/python scripts/bench_priority.py " + " ".join(sys.argv[1:]))
+    print("\nreproduce: .venv/bin/python -m scripts.bench.priority " + " ".join(sys.argv[1:]))
     return 0
 
 
