@@ -84,10 +84,11 @@ BENCH_DATA = REPO / "scripts" / "bench_data"
 
 def load_set(name: str) -> tuple[list[Task], dict[str, str], list[str]]:
     """A task set from scripts/bench_data/agent_<name>.json: its tasks, the files it writes, the memories it
-    stores. Kept as data so a set written for measuring is never edited alongside the agent's code."""
+    stores. Kept as data so a set written for measuring is never edited alongside the agent's code. A file's
+    "set" names the set its tasks report under, so agent_test_de.json counts as test/de beside test/en."""
     data = json.loads((BENCH_DATA / f"agent_{name}.json").read_text(encoding="utf-8"))
-    tasks = [Task(t["kind"], t["goal"], tuple(t["expected"]), t.get("language", data.get("language", "en")), name)
-             for t in data["tasks"]]
+    tasks = [Task(t["kind"], t["goal"], tuple(t["expected"]), t.get("language", data.get("language", "en")),
+                  data.get("set", name)) for t in data["tasks"]]
     return tasks, data.get("files", {}), data.get("memories", [])
 
 
@@ -95,13 +96,14 @@ def available_sets() -> list[str]:
     return sorted(p.stem.removeprefix("agent_") for p in BENCH_DATA.glob("agent_*.json"))
 
 
-def load_sets(names: list[str]) -> tuple[list[Task], dict[str, str], list[str]]:
-    """Several sets in one run: their files and memories together, a file
-    two sets write differently being an error rather than a silent overwrite."""
+def load_sets(names: list[str], kinds: list[str] | None = None,
+              limit: int | None = None) -> tuple[list[Task], dict[str, str], list[str]]:
+    """Several sets in one run (of each, the tasks of ``kinds``, the first ``limit`` of them): their files and
+    memories together, a file two sets write differently being an error rather than a silent overwrite."""
     tasks, files, memories = [], {}, []
     for name in names:
         set_tasks, set_files, set_memories = load_set(name)
-        tasks += set_tasks
+        tasks += [t for t in set_tasks if kinds is None or t.kind in kinds][:limit]
         for path, text in set_files.items():
             if files.setdefault(path, text) != text:
                 raise SystemExit(f"sets {', '.join(names)}: {path} has two different contents")
@@ -148,9 +150,14 @@ class Phase:
                 "seconds_per_task": sum(o.seconds for o in self.outcomes) / n,
                 "by_kind": {k: [sum(o.ok for o in self.outcomes if o.task.kind == k),
                                 sum(o.task.kind == k for o in self.outcomes)] for k in KINDS},
-                "by_set": {group: [sum(o.ok for o in self.outcomes if f"{o.task.set}/{o.task.language}" == group),
-                                   sum(f"{o.task.set}/{o.task.language}" == group for o in self.outcomes)]
-                           for group in dict.fromkeys(f"{o.task.set}/{o.task.language}" for o in self.outcomes)}}
+                "by_set": _scores(self.outcomes, lambda t: t.set),
+                "by_language": _scores(self.outcomes, lambda t: f"{t.set}/{t.language}")}
+
+
+def _scores(outcomes: list[Outcome], group) -> dict[str, list[int]]:
+    """[solved, tasks] per group of tasks, in the order the groups first appear."""
+    return {g: [sum(o.ok for o in outcomes if group(o.task) == g), sum(group(o.task) == g for o in outcomes)]
+            for g in dict.fromkeys(group(o.task) for o in outcomes)}
 
 
 def progress(phase: str, i: int, n: int, o: Outcome) -> None:
@@ -417,8 +424,8 @@ def print_table(results: list[dict], version: str | None, n_tasks: int, args) ->
             print(f"{r['model']:<{width}}{system:<11}"
                   f"{str(s['solved']) + '/' + str(s['tasks']):>9}"
                   f"{rate:>13}{s['steps_per_task']:>12.2f}{s['seconds_per_task']:>8.1f}  {kinds}")
-            print(f"{'':<{width}}{'':<11}by set/language: "
-                  + ", ".join(f"{group} {a}/{b}" for group, (a, b) in s["by_set"].items()))
+            print(f"{'':<{width}}{'':<11}by set: " + ", ".join(f"{g} {a}/{b}" for g, (a, b) in s["by_set"].items())
+                  + "; by set/language: " + ", ".join(f"{g} {a}/{b}" for g, (a, b) in s["by_language"].items()))
         print(f"{'':<{width}}{r['size_mib']} MiB; Magnitude decode {r['decode_tps']} tok/s (free text)")
 
 
@@ -448,9 +455,7 @@ def main() -> int:
         parser.error(f"--systems takes {', '.join(SYSTEMS)} (comma-separated)")
     if unknown := set(args.sets.split(",")) - set(available_sets()):
         parser.error(f"unknown task sets: {', '.join(sorted(unknown))} (there are {', '.join(available_sets())})")
-    set_tasks, files, memories = load_sets(args.sets.split(","))
-    tasks = [t for name in args.sets.split(",") for t in
-             [t for t in set_tasks if t.set == name and t.kind in kinds][:args.limit]]
+    tasks, files, memories = load_sets(args.sets.split(","), kinds, args.limit)
     models = catalog_models(args.models.split(",") if args.models else None)
     binary = llama_server_binary() if "peer" in args.systems else None  # built on first use: minutes
     version = peer_version(binary) if binary else None
