@@ -8,10 +8,13 @@ tools, multi-step tasks that need two or three dependent calls: a file naming th
 file that holds the answer, a file's or a memory's figures to compute with, a unit
 to convert to, a list to count or sum; tasks that need none) and 8 that need an MCP server's tool (a home robot's
 sensors, drives and doors: examples/mcp/home_robot.py, started by the tool service
-over stdio only when the run has mcp tasks), each with an expected answer checked strictly: the
+over stdio only when the run has mcp tasks). The held-out test set (agent_test.json and agent_test_de/_es/_fr.json,
+45 tasks in each language, never used to choose a change) and the false-positive set (agent_fp.json) have
+the same kinds. Each task has an expected answer checked strictly: the
 final answer must hold the expected number (compared as a number) or every
-expected phrase (as whole words); an answer that merely contains a tool call, or
-a wrong number, fails; no task's question passes its own check (tests/test_bench_tasks.py).
+expected phrase (as whole words), in the question's language (scripts/bench_grader.py); an answer that merely
+contains a tool call, or a wrong number, fails; no task's question passes its own check
+(tests/test_bench_tasks.py). Each system's score is printed per set and per set/language.
 
 Per model, two phases run one after the other on the same GGUF:
   magnitude  the stack's own services (inference, tools, embedding, retrieval,
@@ -38,6 +41,7 @@ Needs the ``bench`` extra (``pip install -e .[bench]``: the pinned ``openai`` cl
     .venv/bin/python scripts/bench_agent.py --models qwen2.5-coder-1.5b --tasks arithmetic,file,memory,mcp --systems magnitude
     .venv/bin/python scripts/bench_agent.py --models qwen2.5-coder-1.5b --systems magnitude,http,peer
     .venv/bin/python scripts/bench_agent.py --models qwen2.5-coder-1.5b --sets tune,fp --limit 10   # per set/language
+    .venv/bin/python scripts/bench_agent.py --models qwen2.5-coder-1.5b --sets tune,test,test_de,test_es,test_fr,fp
 """
 
 from __future__ import annotations
