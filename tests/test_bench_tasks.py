@@ -82,6 +82,15 @@ def test_the_test_set_is_held_out_and_the_same_in_four_languages():
         assert not {t.goal for t in tasks} & tune_goals, name
 
 
+def test_every_file_a_held_out_file_points_to_is_there():
+    """A file that names another (house notes naming the alarm's file) names one its set writes, so a miss is
+    the agent's, never a missing file's."""
+    for name in TEST_SETS.values():
+        _, files, _ = bench_agent.load_set(name)
+        for path, text in files.items():
+            assert all(named in files for named in PATH.findall(text)), (name, path)
+
+
 def test_the_test_sets_run_together_with_the_others():
     """One run can hold every set: no two write one file differently (load_sets refuses that)."""
     tasks, _, _ = bench_agent.load_sets(bench_agent.available_sets())
