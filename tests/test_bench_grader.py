@@ -37,3 +37,13 @@ def test_the_grader_imports_nothing_from_the_agent():
     imported = [n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
     imported += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
     assert not [m for m in imported if m.startswith(("services", "magnitude", "shared"))], imported
+
+
+def test_an_answer_in_another_language_fails_a_bare_figure_passes():
+    assert grader.correct("Die Haustür ist abgeschlossen.", ("abgeschlossen",), "de")
+    assert not grader.correct("The soup needs 1200 grams of tomatoes.", ("1200",), "de")
+    assert not grader.correct("Hay 14 tarjetas en la lista.", ("14",), "fr")
+    assert grader.correct("Il y a 14 cartes à écrire.", ("14",), "fr")
+    assert grader.correct("Es sind 5 Gäste.", ("5",), "de")
+    assert grader.correct("1200", ("1200",), "de")
+    assert grader.correct("25,17 €", ("25.17",), "es")

@@ -7,10 +7,12 @@ two or three dependent calls: a file naming the file that holds the answer, a fi
 memory's figures to compute with, a unit to convert to, a list to count or sum; tasks that
 need none) and tasks that need an MCP server's tool (a home robot's sensors, drives and
 doors: examples/mcp/home_robot.py, started by the tool service over stdio only when the run
-has mcp tasks), each with an expected answer checked strictly: the
-final answer must hold the expected number (compared as a number) or every
-expected phrase (as whole words); an answer that merely contains a tool call, or
-a wrong number, fails; no task's question passes its own check (tests/test_bench_tasks.py).
+has mcp tasks). The held-out test set (agent_test.json and agent_test_de/_es/_fr.json, 45 tasks in each
+language, never used to choose a change) and the false-positive set (agent_fp.json) have the same kinds.
+Each task has an expected answer checked strictly: the final answer must hold the expected number (compared
+as a number) or every expected phrase (as whole words), in the question's language (grader.py); an answer
+that merely contains a tool call, or a wrong number, fails; no task's question passes its own check
+(tests/test_bench_tasks.py). Each system's score is printed per set and per set/language.
 
 Per model, two phases run one after the other on the same GGUF:
   magnitude  the stack's own services (inference, tools, embedding, retrieval,
@@ -37,6 +39,7 @@ Needs the ``bench`` extra (``pip install -e .[bench]``: the pinned ``openai`` cl
     .venv/bin/python -m scripts.bench.agent --models qwen2.5-coder-1.5b --tasks arithmetic,file,memory,mcp --systems magnitude
     .venv/bin/python -m scripts.bench.agent --models qwen2.5-coder-1.5b --systems magnitude,http,peer
     .venv/bin/python -m scripts.bench.agent --models qwen2.5-coder-1.5b --sets tune,fp --limit 10   # per set/language
+    .venv/bin/python -m scripts.bench.agent --models qwen2.5-coder-1.5b --sets tune,test,test_de,test_es,test_fr,fp
 """
 
 from __future__ import annotations
@@ -152,8 +155,8 @@ def print_table(results: list[dict], version: str | None, n_tasks: int, args) ->
             print(f"{r['model']:<{width}}{system:<11}"
                   f"{str(s['solved']) + '/' + str(s['tasks']):>9}"
                   f"{rate:>13}{s['steps_per_task']:>12.2f}{s['seconds_per_task']:>8.1f}  {kinds}")
-            print(f"{'':<{width}}{'':<11}by set/language: "
-                  + ", ".join(f"{group} {a}/{b}" for group, (a, b) in s["by_set"].items()))
+            print(f"{'':<{width}}{'':<11}by set: " + ", ".join(f"{g} {a}/{b}" for g, (a, b) in s["by_set"].items())
+                  + "; by set/language: " + ", ".join(f"{g} {a}/{b}" for g, (a, b) in s["by_language"].items()))
         print(f"{'':<{width}}{r['size_mib']} MiB; Magnitude decode {r['decode_tps']} tok/s (free text)")
 
 
@@ -184,9 +187,7 @@ def main() -> int:
         parser.error(f"--systems takes {', '.join(SYSTEMS)} (comma-separated)")
     if unknown := set(args.sets.split(",")) - set(available_sets()):
         parser.error(f"unknown task sets: {', '.join(sorted(unknown))} (there are {', '.join(available_sets())})")
-    set_tasks, files, memories = load_sets(args.sets.split(","))
-    tasks = [t for name in args.sets.split(",") for t in
-             [t for t in set_tasks if t.set == name and t.kind in kinds][:args.limit]]
+    tasks, files, memories = load_sets(args.sets.split(","), kinds, args.limit)
     models = catalog_models(args.models.split(",") if args.models else None)
     binary = llama_server.build() if "peer" in args.systems else None  # built on first use: minutes
     version = llama_server.version(binary) if binary else None

@@ -4,6 +4,8 @@ the agent reads numbers can never make the grader agree with it by construction.
 An expected item is a number (compared as a number: "8,40" in a German answer is 8.4, "1.500" with a
 thousands dot is 1500 where the language writes it so, "four"/"vier"/"cuatro"/"quatre" are 4) or a phrase
 (found as whole words, case-insensitive); ``a|b`` accepts either alternative, and every item must be there.
+Apart from the figures, the answer must be in the question's language: an answer with more marker words of
+another language than of its own (a German question answered in English) fails, a bare figure passes.
 """
 
 from __future__ import annotations
@@ -28,6 +30,18 @@ _NUMBER_WORDS = {lang: {w: i for i, w in enumerate(words.split())} for lang, wor
 _NUMBER_WORDS["de"].update({"ein": 1, "eine": 1, "einen": 1})
 _NUMBER_WORDS["es"].update({"una": 1, "un": 1})
 _NUMBER_WORDS["fr"].update({"une": 1})
+
+#: Frequent short words of one language that none of the other three writes as a word of its own ("in", "de",
+#: "la", "en", "y", "un", "son", "le", "was", "will", "am" are left out: two languages share them).
+_MARKERS = {
+    "en": "the is are and of it there you your has have with for this that which to at from be needs need",
+    "de": "der die das den dem ist sind und nicht mit für von zu auf im noch wird hat haben bei aus auch ich wir "
+          "ein eine einen sie",
+    "es": "el los las es del una está están hay con para por muy tiene lo al su sus más puedes este esta estos "
+          "estas también pero",
+    "fr": "les est sont et du des une avec pour il elle au aux ce cette dans pas sur vous faut à ne fait",
+}
+_MARKER_SETS = {lang: set(words.split()) for lang, words in _MARKERS.items()}
 
 #: A figure with optional grouping and decimals; which mark is the decimal one is decided per language.
 _FIGURE = re.compile(r"(?<![\w.,])-?\d+(?:[.,\u202f\u00a0 ]\d+)*(?![\w])")
@@ -76,6 +90,21 @@ def holds(answer: str, item: str, language: str = "en") -> bool:
     return re.search(rf"(?<!\w){re.escape(item)}(?!\w)", answer, re.IGNORECASE) is not None
 
 
+def markers(answer: str) -> dict[str, int]:
+    """How many marker words of each language the answer holds."""
+    words = re.findall(r"[^\W\d_]+", answer.lower())
+    return {lang: sum(w in marker_set for w in words) for lang, marker_set in _MARKER_SETS.items()}
+
+
+def in_language(answer: str, language: str = "en") -> bool:
+    """The answer is not written in another language: no other language has more marker words in it (a bare
+    figure or name, with none, passes)."""
+    counts = markers(answer)
+    return all(n <= counts[language] for n in counts.values())
+
+
 def correct(answer: str | None, expected: tuple[str, ...], language: str = "en") -> bool:
-    """Every expected item (one of its ``|`` alternatives) is in the final answer."""
-    return bool(answer) and all(any(holds(answer, alt, language) for alt in item.split("|")) for item in expected)
+    """The final answer is in the question's language and holds every expected item (one of its ``|``
+    alternatives)."""
+    return (bool(answer) and in_language(answer, language)
+            and all(any(holds(answer, alt, language) for alt in item.split("|")) for item in expected))

@@ -57,9 +57,14 @@ class Phase:
                 "seconds_per_task": sum(o.seconds for o in self.outcomes) / n,
                 "by_kind": {k: [sum(o.ok for o in self.outcomes if o.task.kind == k),
                                 sum(o.task.kind == k for o in self.outcomes)] for k in KINDS},
-                "by_set": {group: [sum(o.ok for o in self.outcomes if f"{o.task.set}/{o.task.language}" == group),
-                                   sum(f"{o.task.set}/{o.task.language}" == group for o in self.outcomes)]
-                           for group in dict.fromkeys(f"{o.task.set}/{o.task.language}" for o in self.outcomes)}}
+                "by_set": _scores(self.outcomes, lambda t: t.set),
+                "by_language": _scores(self.outcomes, lambda t: f"{t.set}/{t.language}")}
+
+
+def _scores(outcomes: list[Outcome], group) -> dict[str, list[int]]:
+    """[solved, tasks] per group of tasks, in the order the groups first appear."""
+    return {g: [sum(o.ok for o in outcomes if group(o.task) == g), sum(group(o.task) == g for o in outcomes)]
+            for g in dict.fromkeys(group(o.task) for o in outcomes)}
 
 
 def progress(phase: str, i: int, n: int, o: Outcome) -> None:

@@ -24,10 +24,11 @@ class Task:
 
 
 def load_set(name: str) -> tuple[list[Task], dict[str, str], list[str]]:
-    """A task set: its tasks, the files it writes, the memories it stores."""
+    """A task set: its tasks, the files it writes, the memories it stores. A file's "set" names the set its
+    tasks report under, so agent_test_de.json counts as test/de beside test/en."""
     data = json.loads((DATA / f"agent_{name}.json").read_text(encoding="utf-8"))
-    tasks = [Task(t["kind"], t["goal"], tuple(t["expected"]), t.get("language", data.get("language", "en")), name)
-             for t in data["tasks"]]
+    tasks = [Task(t["kind"], t["goal"], tuple(t["expected"]), t.get("language", data.get("language", "en")),
+                  data.get("set", name)) for t in data["tasks"]]
     return tasks, data.get("files", {}), data.get("memories", [])
 
 
@@ -35,13 +36,14 @@ def available_sets() -> list[str]:
     return sorted(p.stem.removeprefix("agent_") for p in DATA.glob("agent_*.json"))
 
 
-def load_sets(names: list[str]) -> tuple[list[Task], dict[str, str], list[str]]:
-    """Several sets in one run: their files and memories together, a file
-    two sets write differently being an error rather than a silent overwrite."""
+def load_sets(names: list[str], kinds: list[str] | None = None,
+              limit: int | None = None) -> tuple[list[Task], dict[str, str], list[str]]:
+    """Several sets in one run (of each, the tasks of ``kinds``, the first ``limit`` of them): their files and
+    memories together, a file two sets write differently being an error rather than a silent overwrite."""
     tasks, files, memories = [], {}, []
     for name in names:
         set_tasks, set_files, set_memories = load_set(name)
-        tasks += set_tasks
+        tasks += [t for t in set_tasks if kinds is None or t.kind in kinds][:limit]
         for path, text in set_files.items():
             if files.setdefault(path, text) != text:
                 raise SystemExit(f"sets {', '.join(names)}: {path} has two different contents")
