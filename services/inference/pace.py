@@ -1,4 +1,4 @@
-"""How often less urgent work may share a decode step with more urgent work (docs/scheduler.md#pace).
+"""How often less urgent work may share a decode step with more urgent work (docs/scheduler.md, "Pace").
 
 A step's cost grows with its tokens, and on a CPU it grows steeply: on 2 cores the 1.5B decodes one
 sequence's token in 23 ms, two sequences' in 44 ms and four in 66 ms. Decoded beside three background
