@@ -1,5 +1,5 @@
 """The real inference service, except that its scheduler loop dies on a ``generate`` whose prompt is
-``"<die>"``: for the inference worker-liveness test (``tests/test_inference_liveness.py``).
+``"<die>"``: for the inference worker-liveness test (``tests/services/inference/test_inference_liveness.py``).
 
 Run: ``python -m tests.fragile_inference --config F``.
 """

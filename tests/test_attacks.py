@@ -14,7 +14,7 @@ Issue 23 (the section at the end; its table in docs/security.md): files planted 
 gateway's doors (keyless feedback, revoked keys, Host, uncounted routes), shm
 segments of any size, drains that cut streams, the smaller ones, hostile chat
 templates and objects on the wire. Finding 2 (tools under compose) is in
-tests/test_compose_e2e.py.
+tests/system/test_compose_e2e.py.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from shared.protocol import MESSAGES, ErrorCode, ProtocolError, Request, decode_
 from shared.service import Job, Service
 from tests.conftest import (MODEL_PATH, REPO, REPORT, ServiceProcess, gaps_while, make_config, require_model,
                             running_inference, wait_for, write_config)
-from tests.test_curve import free_port
+from tests.shared.test_curve import free_port
 
 AS_ROOT = os.geteuid() == 0
 

@@ -1,5 +1,5 @@
 """The real inference service, recording which functions its scheduler's thread runs: for
-``tests/test_architecture.py`` (the scheduler never calls back into ``services/inference/service.py``).
+``tests/system/test_architecture.py`` (the scheduler never calls back into ``services/inference/service.py``).
 
 Run: ``TRACE_OUT=F python -m tests.traced_inference --config F``; at exit F holds the (file, function) pairs.
 """

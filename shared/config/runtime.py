@@ -74,7 +74,7 @@ class RuntimeConfig(Section):
 
     def stop_timeout_s(self) -> float:
         """How long a stopper waits after SIGTERM before SIGKILL: the drain, plus the exit after it
-        (compose.yaml's stop_grace_period must be at least this; tests/test_compose.py checks)."""
+        (compose.yaml's stop_grace_period must be at least this; tests/system/test_compose.py checks)."""
         return self.drain_timeout_s + _EXIT_MARGIN_S
 
 

@@ -12,7 +12,7 @@ language, never used to choose a change) and the false-positive set (agent_fp.js
 Each task has an expected answer checked strictly: the final answer must hold the expected number (compared
 as a number) or every expected phrase (as whole words), in the question's language (grader.py); an answer
 that merely contains a tool call, or a wrong number, fails; no task's question passes its own check
-(tests/test_bench_tasks.py). Each system's score is printed per set and per set/language.
+(tests/scripts/test_bench_tasks.py). Each system's score is printed per set and per set/language.
 
 Per model, two phases run one after the other on the same GGUF:
   magnitude  the stack's own services (inference, tools, embedding, retrieval,

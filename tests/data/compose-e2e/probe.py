@@ -1,4 +1,4 @@
-"""A python tool for tests/test_compose_e2e.py: what a tool in the tools container can see."""
+"""A python tool for tests/system/test_compose_e2e.py: what a tool in the tools container can see."""
 
 import os
 

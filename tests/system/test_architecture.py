@@ -11,9 +11,7 @@ from pathlib import Path
 import pytest
 
 from shared.client import Client
-from tests.conftest import ServiceProcess, make_config, require_model, write_config
-
-REPO = Path(__file__).resolve().parent.parent
+from tests.conftest import REPO, ServiceProcess, make_config, require_model, write_config
 
 #: The project's layers. Which may import which (and that services never import each other, the scheduler never
 #: the service, no private module across packages, no cycles) are import-linter's contracts in pyproject.toml,

@@ -1,6 +1,6 @@
 """Context budget manager: its logic driven with a word-count tokenizer and a fake summarizer (no services).
 
-The real tokenizer, summarizer and memory are exercised through the agent (tests/test_agent.py).
+The real tokenizer, summarizer and memory are exercised through the agent (tests/services/agent/test_agent.py).
 """
 
 import pytest

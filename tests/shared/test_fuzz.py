@@ -1,7 +1,7 @@
 """Hostile input, generated: random bytes and random envelopes against the decoder and the live service.
 
 Bounded for CI (``FUZZ_EXAMPLES``, default 300 for the decoder, a third of that live);
-the longer run is ``FUZZ_EXAMPLES=20000 bash scripts/test tests/test_fuzz.py``. The
+the longer run is ``FUZZ_EXAMPLES=20000 bash scripts/test tests/shared/test_fuzz.py``. The
 number of inputs tried is printed in the test summary.
 """
 

@@ -4,15 +4,14 @@ import os
 import json
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
 
 from magnitude.cli import build_parser
 from shared.config import SERVICE_NAMES, load_config
+from tests.conftest import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((REPO / "compose.yaml").read_text())
 
 

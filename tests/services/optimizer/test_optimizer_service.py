@@ -309,7 +309,7 @@ def test_strategy_cli_dump_restore_show(home):
 
 
 def test_thermal_relief_reaches_the_engine_and_is_undone(home):
-    from tests.test_thermal import FakeBoard
+    from tests.services.optimizer.test_thermal import FakeBoard
     board = FakeBoard(home / "sys", cores=2)
     board.at(0)
     _, inference, optimizer = make_stack(home, thermal={"sysfs_root": str(home / "sys"), "check_interval_s": 0.2,

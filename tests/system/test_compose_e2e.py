@@ -304,7 +304,7 @@ def test_down_leaves_no_container_running(stack):
 def test_a_missing_engine_fails_under_ci(tmp_path):
     """Where CI should run this module it must never skip: with no engine, CI=true fails with the reason."""
     probe = tmp_path / "test_probe.py"
-    probe.write_text("from tests.test_compose_e2e import image  # noqa: F401\n"
+    probe.write_text("from tests.system.test_compose_e2e import image  # noqa: F401\n"
                      "def test_needs_engine(image):\n    pass\n")
     env = {"DOCKER_HOST": f"unix://{tmp_path}/none.sock", "PYTHONPATH": str(REPO)}
     for ci, returncode, expected in (("true", 1, "1 error"), ("", 0, "1 skipped")):

@@ -1,6 +1,6 @@
 """Session ids are capabilities (whoever knows one reaches that session's KV), so logs carry
 ``shared.security.session_ref(id)``, the same short hash in every service, never the id (issue 34, finding 9:
-they were logged in clear). The inference service's generation line is checked in tests/test_caller_limits.py,
+they were logged in clear). The inference service's generation line is checked in tests/services/inference/test_caller_limits.py,
 where a model runs."""
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from shared.health import probe
 from shared.client import Client, ServiceError
 from shared.config import SERVICE_NAMES, WATCHDOG_NAME, Config, dump_config, parse_config
 from tests.conftest import REPORT, make_config, require_model, wait_for
-from tests.test_launcher import magnitude
+from tests.magnitude.test_launcher import magnitude
 
 pytestmark = pytest.mark.model
 

@@ -18,7 +18,7 @@ from shared.config import ConfigError, parse_config
 from shared.metrics import metrics_for
 from shared.telemetry import validate_sample
 from tests.conftest import ServiceProcess, write_config
-from tests.test_launcher import magnitude
+from tests.magnitude.test_launcher import magnitude
 
 
 def sample(text: str, name: str, **labels: str) -> float:

@@ -15,8 +15,8 @@ import pytest
 from shared.client import Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import CHAT_MODEL_PATH, ServiceProcess, make_config, require_model, wait_for, write_config
-from tests.test_curve import free_port
-from tests.test_session_logs import logged_sessions
+from tests.shared.test_curve import free_port
+from tests.shared.test_session_logs import logged_sessions
 
 pytestmark = pytest.mark.model
 

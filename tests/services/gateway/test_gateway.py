@@ -2,7 +2,7 @@
 
 One stack serves the module: inference (the Gemma base model as ``default`` for
 raw completions, the catalog's test chat model by its catalog name), embedding,
-optimizer, tools (for /v1/responses, whose own tests are tests/test_gateway_agent.py),
+optimizer, tools (for /v1/responses, whose own tests are tests/services/gateway/test_gateway_agent.py),
 and two gateway processes in front of them. ``open`` is the default gateway
 (loopback, no key). ``strict`` needs an API key, admits one request at a time,
 gives up after 1.5 s, takes bodies up to 4 KiB, and has no embedding service

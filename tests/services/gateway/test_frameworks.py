@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tests.test_gateway_agent import FIRST_START_KEYS, stack  # noqa: F401  (the module's stack: inference, tools, gateways)
+from tests.services.gateway.test_gateway_agent import FIRST_START_KEYS, stack  # noqa: F401  (the module's stack: inference, tools, gateways)
 
 agents = pytest.importorskip("agents", reason="openai-agents is in the test extra")
 from openai import AsyncOpenAI  # noqa: E402
