@@ -79,6 +79,17 @@ def stream_event_classes() -> dict[str, type]:
     return {get_args(cls.model_fields["type"].annotation)[0]: cls for cls in get_args(union)}
 
 
+#: Root may give a file to another uid, and its tools run as nobody (65534).
+AS_ROOT = os.geteuid() == 0
+
+
+def dead_pid() -> int:
+    """A pid that was just used and has exited (reaped)."""
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
+
+
 def free_port() -> int:
     """A TCP port on loopback that nothing listens on now (for a server a test starts)."""
     with socket.socket() as s:
