@@ -46,8 +46,8 @@ _PID_LIMIT = 1 << 22
 
 def is_alive(pid: int) -> bool:
     """True while ``pid`` is alive. An exited child of ours is reaped here (the watchdog is the parent of
-    what it restarts); a zombie whose parent has not reaped it yet counts as exited. A number that cannot
-    be a pid (0 or below would name process groups to ``waitpid``) is no live process."""
+    what it restarts); a zombie whose parent has not reaped it yet counts as exited once its last thread has.
+    A number that cannot be a pid (0 or below would name process groups to ``waitpid``) is no live process."""
     if not 0 < pid <= _PID_LIMIT:
         return False
     try:
@@ -55,7 +55,10 @@ def is_alive(pid: int) -> bool:
     except ChildProcessError:
         pass  # not our child: its own parent reaps it
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        proc = psutil.Process(pid)
+        # A zombie leader whose other threads still run has not exited: its process ends with the last thread
+        # (seen on a service's SIGTERM: "Z", 2 threads, and the parent could not reap it yet).
+        return proc.status() != psutil.STATUS_ZOMBIE or proc.num_threads() > 1
     except psutil.AccessDenied:
         return True  # another user's process: it exists
     except psutil.Error:
