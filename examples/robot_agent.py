@@ -57,8 +57,8 @@ async def plan(inference: AsyncClient, task: str, session: str, retry: Retry, ma
         else:
             result = piece
     print()
-    log.info("plan_done", session=session, restarts=restarts, ttft_s=result.stats.get("ttft_s"),
-             tokens=result.stats.get("completion_tokens"))
+    log.info("plan_done", session=session, restarts=restarts, ttft_s=result.stats.ttft_s,
+             tokens=result.stats.completion_tokens)
     return result.text
 
 

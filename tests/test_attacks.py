@@ -58,7 +58,8 @@ from shared.client import Client, CurveKeys, ServiceError
 from shared.config import EngineConfig, TunableSettings, parse_config
 from shared.health import probe
 from shared.logs import configure_logging
-from shared.protocol import MESSAGES, ErrorCode, ProtocolError, Request, decode_reply, decode_request, encode_request
+from shared.protocol import (MESSAGES, PROTOCOL_VERSION, ErrorCode, ProtocolError, Request, decode_reply, decode_request,
+                             encode_request)
 from shared.service import Job, Service
 from tests.conftest import (MODEL_PATH, REPO, REPORT, ServiceProcess, gaps_while, make_config, require_model,
                             running_inference, wait_for, write_config)
@@ -410,7 +411,7 @@ def test_sigterm_during_the_first_prefill_still_answers(tmp_path):
                     break
             svc.proc.send_signal(signal.SIGTERM)
             reply = client.recv_reply("first")
-            assert reply.kind == "ok" and reply.body["completion_tokens"] >= 1
+            assert reply.kind == "ok" and reply.body["stats"]["completion_tokens"] >= 1
         assert svc.proc.wait(30) == 0
     finally:
         svc.stop()
@@ -540,7 +541,7 @@ def test_an_oversized_prompt_shm_fails_only_its_request(inference_service):
         assert info.value.code == "too_large", info.value
         assert time.monotonic() - started < 5
         assert handle["name"] not in shm.list_segments()
-        assert client.generate("The robot", max_tokens=2).stats["completion_tokens"] >= 1
+        assert client.generate("The robot", max_tokens=2).stats.completion_tokens >= 1
         assert client.health()["ok"]
 
 
@@ -807,11 +808,11 @@ def test_no_pickle_and_no_objects_come_off_the_wire():
             if isinstance(node, ast.keyword) and node.arg == "allow_pickle":
                 assert isinstance(node.value, ast.Constant) and node.value.value is False, path
     for value in (msgpack.ExtType(42, pickle.dumps(print)), msgpack.ExtType(1, b"")):
-        frame = msgpack.packb({"v": 1, "id": "x", "type": "health", "body": {"payload": value}})
+        frame = msgpack.packb({"v": PROTOCOL_VERSION, "id": "x", "type": "health", "body": {"payload": value}})
         with pytest.raises(ProtocolError) as info:
             decode_request(frame, max_frame_bytes=1 << 20, handled={"health"})
         assert info.value.code == ErrorCode.BAD_FRAME
-    stamp = msgpack.packb({"v": 1, "id": "x", "type": "health", "body": {"at": msgpack.Timestamp(1, 5)}})
+    stamp = msgpack.packb({"v": PROTOCOL_VERSION, "id": "x", "type": "health", "body": {"at": msgpack.Timestamp(1, 5)}})
     assert decode_request(stamp, max_frame_bytes=1 << 20, handled={"health"}).body["at"] == 1_000_000_005
 
 
@@ -892,7 +893,7 @@ def test_a_corrupt_model_file_fails_its_request_and_loads_are_bounded(tmp_path):
             with pytest.raises(ServiceError) as err:
                 client.generate("Hello", max_tokens=2, model="broken")
             assert err.value.code == "bad_request" and "cannot be loaded" in err.value.message
-            assert client.generate("Hello", max_tokens=2, model="other").stats["model"] == "other"
+            assert client.generate("Hello", max_tokens=2, model="other").stats.model == "other"
             with pytest.raises(ServiceError) as err:  # back to the default at once: that would be a second load
                 client.generate("Hello", max_tokens=2)
             assert err.value.code == "busy" and "model_load_interval_s" in err.value.message
