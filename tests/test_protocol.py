@@ -1,10 +1,15 @@
+import re
+from typing import get_args, get_type_hints
+
 import msgpack
+import msgspec
 import pytest
 
 from shared.protocol import (
-    PROTOCOL_VERSION, ErrorCode, GenerateRequest, ProtocolError, decode_reply, decode_request, encode_error,
-    encode_reply, encode_request,
+    MESSAGES, PROTOCOL_VERSION, ErrorCode, GenerateRequest, ProtocolError, Stats, decode_reply, decode_request,
+    encode_error, encode_reply, encode_request,
 )
+from tests.conftest import REPO
 
 HANDLED = {"health", "generate"}
 
@@ -115,3 +120,41 @@ def test_oversized_frame_error_carries_the_request_id():
     with pytest.raises(ProtocolError) as err:
         decode_request(b"\xc1" * 5000, max_frame_bytes=4096, handled=HANDLED)
     assert err.value.code == ErrorCode.TOO_LARGE and err.value.request_id is None
+
+
+# --- docs/protocol.md against the typed messages ----------------------------------------------------------------
+def _structs(tp) -> set[type]:
+    """The Structs a type is made of: itself and those of its fields, at any depth."""
+    found: set[type] = set()
+    todo = [tp]
+    while todo:
+        t = todo.pop()
+        if isinstance(t, type) and issubclass(t, msgspec.Struct):
+            if t not in found:
+                found.add(t)
+                todo += get_type_hints(t, include_extras=True).values()
+        else:
+            todo += get_args(t)
+    return found
+
+
+def _row(msg_type: str) -> tuple[set[str], set[str]]:
+    """The names written in code in the docs/protocol.md message table's row of ``msg_type`` (``{role, content}``
+    names two): in its fields cell, in its reply cell."""
+    line = next(line for line in (REPO / "docs" / "protocol.md").read_text().splitlines()
+                if line.startswith(f"| `{msg_type}` |"))
+    cells = [{name for code in re.findall(r"`([^`]+)`", cell) for name in re.findall(r"\w+", code)}
+             for cell in line.split(" | ")]
+    return cells[2], cells[3]
+
+
+@pytest.mark.parametrize("msg_type", [t for t, spec in MESSAGES.items() if spec.body is not None])
+def test_the_protocol_doc_names_every_field_of_the_typed_messages(msg_type):
+    spec = MESSAGES[msg_type]
+    fields_cell, reply_cell = _row(msg_type)
+    for cell, struct_type in ((fields_cell, spec.body), (reply_cell, spec.result)):
+        for struct in _structs(struct_type) - ({Stats} if msg_type != "generate" else set()):
+            missing = set(struct.__struct_fields__) - cell
+            assert not missing, f"docs/protocol.md's {msg_type} row does not name {struct.__name__}'s {missing}"
+    text = (REPO / "docs" / "protocol.md").read_text()
+    assert f"(version {PROTOCOL_VERSION})" in text.splitlines()[0] and f"must be `{PROTOCOL_VERSION}`" in text
