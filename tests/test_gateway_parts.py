@@ -14,6 +14,7 @@ import sys
 from fnmatch import fnmatch
 from typing import get_args, get_type_hints
 
+import msgspec
 import pytest
 import structlog
 
@@ -25,9 +26,11 @@ from services.gateway.middleware import BodyLimit
 from services.gateway.replies import ChatShape, CompletionShape
 from services.gateway.schemas import ResponseEvent, ResponseRequest
 from services.gateway.upstream import Upstreams
-from shared.client import ServiceError
+from shared import protocol, shm
+from shared.client import Call, ServiceError
 from shared.config import dump_config, parse_config
 from shared.metrics import ServiceMetrics
+from shared.protocol import ChatRequest, ChatResult, decode_request
 from tests.conftest import REPO, stream_event_classes
 
 
@@ -274,6 +277,53 @@ def test_every_model_step_of_a_response_run_has_its_priority(tmp_path):
         assert status == 200 and reply["status"] == "completed", reply
         chats = [b for t, b in upstreams.sent if t == "chat"]
         assert chats and all(b.priority == expected for b in chats), upstreams.sent
+
+
+class _Counting:
+    """``shared.protocol``'s encoder, counting the frames it encodes."""
+
+    def __init__(self, encoder):
+        self.encoder, self.frames = encoder, 0
+
+    def encode(self, value):
+        self.frames += 1
+        return self.encoder.encode(value)
+
+
+def test_a_chat_body_is_validated_once_on_each_side_of_the_gateway_to_inference_boundary(tmp_path, monkeypatch):
+    """The gateway's one validation of a chat is its HTTP model's (pydantic): it builds the wire struct from it,
+    with no msgspec validation of the request and no dict round trip; the frame is encoded once, its size read
+    from that encode (no size probe); inference validates it once, as it decodes it into ``ChatRequest``."""
+    conversions, convert = [], msgspec.convert
+
+    def counting(value, into, **kw):
+        conversions.append(into)
+        return convert(value, into, **kw)
+    monkeypatch.setattr(msgspec, "convert", counting)
+    encoder = _Counting(protocol._encoder)
+    monkeypatch.setattr(protocol, "_encoder", encoder)
+    app, upstreams = _gateway(tmp_path)
+    tool = {"type": "function", "function": {"name": "look", "parameters": {"type": "object"}}}
+    status, reply = _post(app, "/v1/chat/completions", {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [tool], "tool_choice": "auto"})
+    assert status == 200, reply
+    [(msg_type, body)] = upstreams.sent
+    assert msg_type == "chat" and isinstance(body, ChatRequest) and body.tools[0].function.name == "look"
+    assert conversions == [ChatResult]  # the gateway's only msgspec validation: reading inference's reply
+    conversions.clear()
+    frame = Call("ipc://nowhere", "chat", body, "s1", None, 1.0).frame  # as the gateway's client sends it
+    assert encoder.frames == 1
+    request = decode_request(frame, max_frame_bytes=1 << 20, handled={"chat"})
+    assert conversions == [ChatRequest] and request.message == body  # inference: one validation, the same body
+    # A conversation over the inline limit: the frame said so, and its messages go in shared memory instead.
+    conversions.clear()
+    encoder.frames = 0
+    monkeypatch.setattr(shm, "INLINE_LIMIT_BYTES", 16)
+    spilled = decode_request(Call("ipc://nowhere", "chat", body, "s1", None, 1.0).frame, max_frame_bytes=1 << 20,
+                             handled={"chat"}).message
+    assert encoder.frames == 2 and spilled.messages is None and conversions == [ChatRequest]
+    data = shm.take_bytes(spilled.messages_shm, "s1", max_bytes=1 << 20)
+    assert protocol.decode_messages(data, "r1") == body.messages and conversions[1:] == [protocol.Messages]
 
 
 # --- docs/gateway.md's Responses API tables, against the code -------------------------------------------------
