@@ -31,6 +31,7 @@ from services.inference.tool_calls import (OPEN, Tool, ToolCall, answer_or_calls
 from shared import protocol
 from shared.protocol import ErrorCode, ProtocolError, finish_reason, unsent_text
 
+
 def _bad(message: str) -> ProtocolError:
     return ProtocolError(ErrorCode.BAD_REQUEST, message)
 
