@@ -446,7 +446,7 @@ def test_first_prompt_holds_the_memories_relevant_to_the_goal(stack):
         trace = agent.run("Where are my spare house keys?", max_iterations=2)
     finally:
         agent.close()
-    first_prompt = chats.bodies[0]["messages"][1]["content"]
+    first_prompt = chats.bodies[0].messages[1].content  # the ChatRequest the agent sent
     assert "blue bowl" in first_prompt and "vaccination" not in first_prompt
     assert trace.memories == ["The spare house keys are in the blue bowl by the front door."]
     assert trace.stopped == "final_answer", trace
