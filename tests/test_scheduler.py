@@ -119,11 +119,11 @@ def test_new_sessions_compute_a_shared_system_prompt_once(service, client):
         t.start()
     for t in threads:
         t.join(120)
-    stats = sorted((r.stats for r in results.values()), key=lambda s: -s["prefill_tokens"])
+    stats = sorted((r.stats for r in results.values()), key=lambda s: -s.prefill_tokens)
     leader, followers = stats[0], stats[1:]
-    assert leader["kv_source"] == "cold" and leader["prefill_tokens"] > 250, leader
+    assert leader.kv_source == "cold" and leader.prefill_tokens > 250, leader
     for s in followers:  # they waited for the leader's prefix and copied it
-        assert s["kv_source"] == "shared" and s["shared_tokens"] > 250 and s["prefill_tokens"] < 20, s
+        assert s.kv_source == "shared" and s.shared_tokens > 250 and s.prefill_tokens < 20, s
     assert scheduler_counters(client)["shared_prefix_tokens"] - before["shared_prefix_tokens"] > 500
     for session, prompt in prompts.items():  # the copied KV gives the text computed from scratch
         assert results[session].text == client.generate(prompt, None, max_tokens=16, temperature=0,
