@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout too
 
 from magnitude.agent import AsyncAgent, Trace  # noqa: E402
-from magnitude import RETRYABLE, AsyncClient, GenerateResult, Restart, Retry, ServiceError  # noqa: E402
+from magnitude import RETRYABLE, AsyncClient, GenerateResult, Restart, Retry, ServiceError, Stats  # noqa: E402
 from shared.config import ConfigError, load_config  # noqa: E402
 from shared.logs import configure_logging  # noqa: E402
 
@@ -46,7 +46,7 @@ async def plan(inference: AsyncClient, task: str, session: str, retry: Retry, ma
     """Stream a short plan, printing tokens as they come; a restarted stream is printed anew."""
     prompt = f"Robot task: {task}\nStep-by-step plan for the robot:\n1."  # the model continues text
     print("plan> 1.", end="", flush=True)
-    result, restarts = GenerateResult(""), 0
+    result, restarts = GenerateResult(text="", stats=Stats()), 0
     async for piece in inference.generate_stream(prompt, session, retry=retry, max_tokens=max_tokens,
                                                  stop=["\n\n"], temperature=0):
         if isinstance(piece, Restart):  # the service went away mid-stream: what we printed is void
@@ -57,8 +57,8 @@ async def plan(inference: AsyncClient, task: str, session: str, retry: Retry, ma
         else:
             result = piece
     print()
-    log.info("plan_done", session=session, restarts=restarts, ttft_s=result.stats.get("ttft_s"),
-             tokens=result.stats.get("completion_tokens"))
+    log.info("plan_done", session=session, restarts=restarts, ttft_s=result.stats.ttft_s,
+             tokens=result.stats.completion_tokens)
     return result.text
 
 

@@ -6,8 +6,10 @@ The user API: the ZeroMQ clients (from ``shared.client``, the transport every la
 import os
 
 from shared.client import RETRYABLE, AsyncClient, Client, GenerateResult, Restart, Retry, ServiceError
+from shared.protocol import Stats
 
-__all__ = ["RETRYABLE", "AsyncClient", "Client", "GenerateResult", "Restart", "Retry", "ServiceError", "api_key"]
+__all__ = ["RETRYABLE", "AsyncClient", "Client", "GenerateResult", "Restart", "Retry", "ServiceError", "Stats",
+           "api_key"]
 
 
 def api_key(config_path: str | None = None) -> str:

@@ -7,6 +7,8 @@ import json
 import sys
 import time
 
+import msgspec
+
 from magnitude import agent_cli, launcher, mcp_cli, memory_cli, models_cli, stats_cli, strategy_cli
 from shared import health as healthcheck
 from shared import process
@@ -45,10 +47,10 @@ def _stream_to_stdout(client: Client, prompt: str, session: str | None, **params
 
 def _stream_chat_to_stdout(client: Client, text: str, session: str | None, **params) -> dict:
     """One user turn through the model's own chat template (``Client.chat_stream``); the final stats."""
-    stats = {}
+    stats: dict = {}
     for piece in client.chat_stream([{"role": "user", "content": text}], session, **params):
         if isinstance(piece, ChatResult):
-            stats = {"finish_reason": piece.finish_reason, **piece.stats}
+            stats = {"finish_reason": piece.finish_reason, **msgspec.structs.asdict(piece.stats)}
         elif isinstance(piece, str):
             sys.stdout.write(piece)
             sys.stdout.flush()
@@ -63,7 +65,7 @@ def cmd_generate(args, config) -> int:
         if args.chat:
             stats = _stream_chat_to_stdout(client, args.prompt, args.session, **params)
         else:
-            stats = _stream_to_stdout(client, args.prompt, args.session, **params).stats
+            stats = msgspec.structs.asdict(_stream_to_stdout(client, args.prompt, args.session, **params).stats)
     except ServiceError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -90,8 +92,8 @@ def cmd_demo(args, config) -> int:
             print(f"\n--- session step {step} (session {session}) ---\n{log}", end="")
             result = _stream_to_stdout(client, log, session, max_tokens=40, temperature=0, stop=[stop])
             s = result.stats
-            print(f"[prompt={s['prompt_tokens']} cached={s['cached_tokens']} prefill={s['prefill_tokens']} "
-                  f"ttft={s['ttft_s']}s decode={s['decode_tps']} tok/s]")
+            print(f"[prompt={s.prompt_tokens} cached={s.cached_tokens} prefill={s.prefill_tokens} "
+                  f"ttft={s.ttft_s}s decode={s.decode_tps} tok/s]")
             log += result.text + next_entry
         print("\n--- agent task: magnitude run 'What is 23 * 47?' ---")
         agent_cli.print_trace(agent.run("What is 23 * 47?"))

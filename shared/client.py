@@ -30,19 +30,20 @@ from __future__ import annotations
 import asyncio
 import time
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from difflib import get_close_matches
 from pathlib import Path
-from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator
+from typing import Any, AsyncGenerator, Awaitable, Callable, Iterator, TypeVar
 
-import msgpack
+import msgspec
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from shared import security, shm
 from shared.config import Config, ipc_path, load_config
-from shared.protocol import MESSAGES, ErrorCode, Reply, decode_reply, encode_request, new_request_id
+from shared.protocol import (ChatRequest, ChatResult, ErrorCode, GenerateRequest, GenerateResult, Message, Reply, Wire,
+                             decode_reply, encode_request, new_request_id)
 
 
 class ServiceError(Exception):
@@ -110,13 +111,15 @@ class Call:
     turns one into the next attempt's ``Restart`` or raises it when it is final.
     """
 
-    def __init__(self, endpoint: str, msg_type: str, body: dict | None, session: str | None,
+    def __init__(self, endpoint: str, msg_type: str, body: dict | Wire | None, session: str | None,
                  request_id: str | None, timeout_s: float, retry: Retry | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.endpoint, self.msg_type, self.timeout_s, self.policy, self.clock = (
             endpoint, msg_type, timeout_s, retry, clock)
         self.request_id = request_id or new_request_id()
         self.frame = encode_request(msg_type, body, session=session, request_id=self.request_id)
+        if len(self.frame) > shm.INLINE_LIMIT_BYTES and isinstance(body, (GenerateRequest, ChatRequest)):
+            self.frame = encode_request(msg_type, spilled(body, session), session=session, request_id=self.request_id)
         self.started = clock()
         self.attempt = 1
         self.answering = False  # the current attempt has had a frame: the service is working on it
@@ -215,88 +218,54 @@ class Call:
         return restart
 
 
-@dataclass
-class GenerateResult:
-    text: str
-    stats: dict[str, Any] = field(default_factory=dict)
+def spilled(body: GenerateRequest | ChatRequest, session: str | None) -> GenerateRequest | ChatRequest:
+    """A body whose frame is over the inline limit, its bulk (the prompt, the messages) moved to shared memory
+    as ``prompt_shm`` / ``messages_shm``: the frame, encoded once, said how big it is."""
+    if isinstance(body, GenerateRequest) and body.prompt is not None:
+        return msgspec.structs.replace(body, prompt=None, prompt_shm=shm.put_bytes(body.prompt.encode(), session=session))
+    if isinstance(body, ChatRequest) and body.messages is not None:
+        return msgspec.structs.replace(body, messages=None, messages_shm=shm.put_bytes(
+            msgspec.msgpack.encode(body.messages), session=session))
+    return body
 
-    @classmethod
-    def from_body(cls, body: dict) -> "GenerateResult":
-        return cls(body.get("text", ""), {k: v for k, v in body.items() if k != "text"})
+
+_Body = TypeVar("_Body", GenerateRequest, ChatRequest)
+
+
+def typed_body(into: type[_Body], **fields: Any) -> _Body:
+    """A ``generate`` / ``chat`` body from keywords (those given as None are left out; plain maps such as
+    OpenAI-shaped messages become the typed parts). A keyword its type does not declare (``max_token=5``) is a
+    TypeError at the call, as Python's own for a misspelt argument; a value it cannot hold is a
+    msgspec.ValidationError (a ValueError) there too, before anything is sent."""
+    for name in fields:
+        if name not in into.__struct_fields__:
+            close = get_close_matches(name, into.__struct_fields__, n=1)
+            raise TypeError(f"{into.__name__}() got an unexpected keyword argument {name!r}"
+                            + (f"; did you mean {close[0]!r}?" if close else ""))
+    return msgspec.convert({k: v for k, v in fields.items() if v is not None}, into)
+
+
+def chat_request(messages: list[dict] | list[Message], **params: Any) -> ChatRequest:
+    """A ``chat`` body: ``typed_body`` of the messages and ``ChatRequest``'s other fields."""
+    return typed_body(ChatRequest, messages=messages, **params)
 
 
 def _generate_piece(item: Reply | Restart) -> str | GenerateResult | Restart:
     if isinstance(item, Restart):
         return item
-    return GenerateResult.from_body(item.body) if item.final else item.body.get("text", "")
-
-
-def _declared(msg_type: str, params: dict[str, Any]) -> None:
-    """A keyword that ``msg_type`` does not declare in ``MESSAGES`` (``max_token=5``) is a TypeError at the call,
-    as Python's own for a misspelt argument: the service would not read it."""
-    fields = MESSAGES[msg_type].fields
-    for name in params:
-        if name not in fields:
-            close = get_close_matches(name, fields, n=1)
-            raise TypeError(f"{msg_type}() got an unexpected keyword argument {name!r}"
-                            + (f"; did you mean {close[0]!r}?" if close else ""))
-
-
-def _body(msg_type: str, params: dict[str, Any], field: str, value: Any, encoded: bytes,
-          session: str | None) -> dict[str, Any]:
-    """A request body: the parameters not None, and ``field``'s value inline, or ``encoded`` in shared memory
-    as ``<field>_shm`` when it is over the inline limit."""
-    _declared(msg_type, params)
-    body = {k: v for k, v in params.items() if v is not None}
-    if len(encoded) > shm.INLINE_LIMIT_BYTES:
-        body[f"{field}_shm"] = shm.put_bytes(encoded, session=session)
-    else:
-        body[field] = value
-    return body
-
-
-def _generate_body(prompt: str, session: str | None, stream: bool, params: dict[str, Any]) -> dict[str, Any]:
-    return _body("generate", {**params, "stream": stream}, "prompt", prompt, prompt.encode(), session)
-
-
-@dataclass
-class ChatResult:
-    """A chat turn's reply: the assistant message (content, tool calls), why it ended, and its stats."""
-
-    message: dict[str, Any]
-    finish_reason: str
-    stats: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def content(self) -> str:
-        return self.message.get("content") or ""
-
-    @property
-    def tool_calls(self) -> list[dict]:
-        return self.message.get("tool_calls") or []
-
-    @classmethod
-    def from_body(cls, body: dict) -> "ChatResult":
-        return cls(body["message"], body.get("finish_reason", "stop"),
-                   {k: v for k, v in body.items() if k not in ("message", "finish_reason")})
+    return item.result(GenerateResult) if item.final else item.body.get("text", "")
 
 
 def _chat_piece(item: Reply | Restart) -> str | dict | ChatResult | Restart:
     if isinstance(item, Restart):
         return item
     if item.final:
-        return ChatResult.from_body(item.body)
+        return item.result(ChatResult)
     return item.body["tool_call"] if "tool_call" in item.body else item.body.get("text", "")
 
 
-def chat_body(messages: list[dict], session: str | None, **params: Any) -> dict[str, Any]:
-    """A ``chat`` request body (parameters given as None are left out); messages over the inline limit travel in
-    shared memory (``messages_shm``), as a long ``generate`` prompt does."""
-    return _body("chat", params, "messages", messages, msgpack.packb(messages, use_bin_type=True), session)
-
-
-def _final_body(item: Reply | Restart) -> dict | None:
-    return item.body if isinstance(item, Reply) and item.final else None
+def _final(item: Reply | Restart) -> Reply | None:
+    return item if isinstance(item, Reply) and item.final else None
 
 
 class AsyncClient:
@@ -321,7 +290,7 @@ class AsyncClient:
                  if security.needs_curve(config.runtime, endpoint) else None)
         return cls(endpoint, timeout_s=timeout_s, curve=curve)
 
-    def _call(self, msg_type: str, body: dict | None, session: str | None, request_id: str | None,
+    def _call(self, msg_type: str, body: dict | Wire | None, session: str | None, request_id: str | None,
               retry: Retry | None) -> Call:
         return Call(self.endpoint, msg_type, body, session, request_id, self.timeout_s, retry)
 
@@ -396,7 +365,7 @@ class AsyncClient:
                 call.on_events(await self._events())
         raise call.timed_out()
 
-    async def stream(self, msg_type: str, body: dict | None = None, session: str | None = None,
+    async def stream(self, msg_type: str, body: dict | Wire | None = None, session: str | None = None,
                      request_id: str | None = None, retry: Retry | None = None
                      ) -> AsyncGenerator[Reply | Restart, None]:
         """Yield every reply frame (events, then the final one) of one request.
@@ -420,12 +389,16 @@ class AsyncClient:
         finally:  # closed before its final reply (the task was cancelled, the caller stopped listening)
             self._cancel(call)
 
-    async def request(self, msg_type: str, body: dict | None = None, session: str | None = None,
+    async def request(self, msg_type: str, body: dict | Wire | None = None, session: str | None = None,
                       request_id: str | None = None, retry: Retry | None = None) -> dict:
         """Send one request and return the final body."""
+        return (await self._final(msg_type, body, session, request_id, retry)).body
+
+    async def _final(self, msg_type: str, body: dict | Wire | None, session: str | None, request_id: str | None,
+                     retry: Retry | None) -> Reply:
         async with aclosing(self.stream(msg_type, body, session, request_id, retry)) as items:
             async for item in items:
-                if (final := _final_body(item)) is not None:
+                if (final := _final(item)) is not None:
                     return final
         raise AssertionError("unreachable: a stream ends with its final reply or raises")
 
@@ -434,9 +407,9 @@ class AsyncClient:
 
     async def generate(self, prompt: str, session_id: str | None = None, *, retry: Retry | None = None,
                        **params: Any) -> GenerateResult:
-        body = await self.request("generate", _generate_body(prompt, session_id, False, params), session_id,
-                                  retry=retry)
-        return GenerateResult.from_body(body)
+        """A completion of ``prompt``; ``params``: ``GenerateRequest``'s fields (max_tokens, temperature...)."""
+        body = typed_body(GenerateRequest, prompt=prompt, **params)
+        return (await self._final("generate", body, session_id, None, retry)).result(GenerateResult)
 
     async def generate_stream(self, prompt: str, session_id: str | None = None, *, retry: Retry | None = None,
                               **params: Any) -> AsyncGenerator[str | GenerateResult | Restart, None]:
@@ -444,23 +417,24 @@ class AsyncClient:
 
         With ``retry``, a ``Restart`` means the generation starts over: drop the text so far.
         """
-        async for item in self.stream("generate", _generate_body(prompt, session_id, True, params), session_id,
-                                      retry=retry):
+        body = typed_body(GenerateRequest, prompt=prompt, stream=True, **params)
+        async for item in self.stream("generate", body, session_id, retry=retry):
             yield _generate_piece(item)
 
-    async def chat(self, messages: list[dict], session_id: str | None = None, *, retry: Retry | None = None,
-                   **params: Any) -> ChatResult:
-        """One assistant turn of a conversation (OpenAI-shaped messages; ``tools``, ``tool_choice``,
-        ``response_format`` and the sampling parameters as keywords), rendered with the model's own template."""
-        body = await self.request("chat", chat_body(messages, session_id, **params, stream=False), session_id,
-                                  retry=retry)
-        return ChatResult.from_body(body)
+    async def chat(self, messages: list[dict] | list[Message], session_id: str | None = None, *,
+                   retry: Retry | None = None, **params: Any) -> ChatResult:
+        """One assistant turn of a conversation (OpenAI-shaped messages; ``ChatRequest``'s fields as keywords:
+        ``tools``, ``tool_choice``, ``response_format``, the sampling parameters), rendered with the model's own
+        template."""
+        body = chat_request(messages, **params)
+        return (await self._final("chat", body, session_id, None, retry)).result(ChatResult)
 
-    async def chat_stream(self, messages: list[dict], session_id: str | None = None, *, retry: Retry | None = None,
+    async def chat_stream(self, messages: list[dict] | list[Message], session_id: str | None = None, *,
+                          retry: Retry | None = None,
                           **params: Any) -> AsyncGenerator[str | dict | ChatResult | Restart, None]:
         """Yield content pieces (str) and each tool call once complete (dict: index, id, name, arguments), then one
         ``ChatResult``. With ``retry``, a ``Restart`` means the turn starts over: drop what came so far."""
-        async for item in self.stream("chat", chat_body(messages, session_id, **params, stream=True), session_id,
+        async for item in self.stream("chat", chat_request(messages, stream=True, **params), session_id,
                                       retry=retry):
             yield _chat_piece(item)
 
@@ -546,12 +520,12 @@ class Client:
             elif self._loop is not None:
                 self._loop.run_until_complete(items.aclose())
 
-    def stream(self, msg_type: str, body: dict | None = None, session: str | None = None,
+    def stream(self, msg_type: str, body: dict | Wire | None = None, session: str | None = None,
                request_id: str | None = None, retry: Retry | None = None) -> Iterator[Reply | Restart]:
         """Yield every reply frame (events, then the final one) of one request: see ``AsyncClient.stream``."""
         return self._iterate(self._async.stream(msg_type, body, session, request_id, retry))
 
-    def request(self, msg_type: str, body: dict | None = None, session: str | None = None,
+    def request(self, msg_type: str, body: dict | Wire | None = None, session: str | None = None,
                 request_id: str | None = None, retry: Retry | None = None) -> dict:
         """Send one request and return the final body."""
         return self._run(self._async.request(msg_type, body, session, request_id, retry))
@@ -567,10 +541,10 @@ class Client:
         """Text pieces as they are produced, then one ``GenerateResult``: see ``AsyncClient.generate_stream``."""
         return self._iterate(self._async.generate_stream(prompt, session_id, **params))
 
-    def chat(self, messages: list[dict], session_id: str | None = None, **params: Any) -> ChatResult:
+    def chat(self, messages: list[dict] | list[Message], session_id: str | None = None, **params: Any) -> ChatResult:
         return self._run(self._async.chat(messages, session_id, **params))
 
-    def chat_stream(self, messages: list[dict], session_id: str | None = None,
+    def chat_stream(self, messages: list[dict] | list[Message], session_id: str | None = None,
                     **params: Any) -> Iterator[str | dict | ChatResult | Restart]:
         """Content pieces and finished tool calls as they come, then one ``ChatResult``: see ``AsyncClient``."""
         return self._iterate(self._async.chat_stream(messages, session_id, **params))

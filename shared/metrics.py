@@ -39,7 +39,7 @@ from prometheus_client import (
     make_wsgi_app,
 )
 
-from shared.protocol import MESSAGES, PRIORITIES
+from shared.protocol import MESSAGES, PRIORITIES, Stats
 from shared.security import allowed_host_names, host_allowed
 
 PREFIX = "magnitude_"
@@ -173,18 +173,18 @@ class InferenceMetrics(ServiceMetrics):
     def _histogram(self, name: str, documentation: str, buckets: tuple) -> Histogram:
         return Histogram(PREFIX + name, documentation, ["priority"], buckets=buckets, registry=self.registry)
 
-    def observe_generation(self, result: dict[str, Any]) -> None:
-        """Record one finished generation from its result dict (the ``generate`` reply body)."""
-        priority = result["priority"]
-        self.ttft.labels(priority).observe(result["ttft_s"])
-        if result.get("decode_tps") is not None:
-            self.decode_tps.labels(priority).observe(result["decode_tps"])
-        if result.get("prefill_tps") is not None:
-            self.prefill_tps.labels(priority).observe(result["prefill_tps"])
-        self.pauses.labels(priority).inc(result["pauses"])
+    def observe_generation(self, stats: Stats) -> None:
+        """Record one finished generation from its stats."""
+        priority = stats.priority
+        self.ttft.labels(priority).observe(stats.ttft_s)
+        if stats.decode_tps is not None:
+            self.decode_tps.labels(priority).observe(stats.decode_tps)
+        if stats.prefill_tps is not None:
+            self.prefill_tps.labels(priority).observe(stats.prefill_tps)
+        self.pauses.labels(priority).inc(stats.pauses)
         for kind, key in _TOKEN_KINDS.items():
-            self.tokens.labels(kind).inc(result[key])
-        self.prefix_cache.labels("hit" if result["cached_tokens"] > 0 else "miss").inc()
+            self.tokens.labels(kind).inc(getattr(stats, key))
+        self.prefix_cache.labels("hit" if stats.cached_tokens > 0 else "miss").inc()
 
 
 def metrics_for(service: str, pid: int, **gauges: Callable[[], float]) -> ServiceMetrics:

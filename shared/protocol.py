@@ -30,11 +30,15 @@ import math
 import uuid
 from collections.abc import Sized
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Annotated, Any, ClassVar, Literal, TypeVar, cast, get_args
 
 import msgpack
+import msgspec
+from msgspec import Meta
 
-PROTOCOL_VERSION = 1
+#: 2: generate and chat are typed (``GenerateRequest``, ``ChatRequest``: unknown fields refused), and their
+#: results carry the generation's figures as one ``stats`` map.
+PROTOCOL_VERSION = 2
 
 #: Default ceiling for one inbound frame; bigger payloads must go through shm.
 DEFAULT_MAX_FRAME_BYTES = 1 << 20
@@ -94,21 +98,25 @@ class Field:
 @dataclass(frozen=True)
 class MessageSpec:
     service: str  # which service answers it ("*" = every service)
-    fields: dict[str, Field] = field(default_factory=dict)
+    fields: dict[str, Field] = field(default_factory=dict)  # an untyped body's fields
+    #: A typed body (its Struct declares the fields and bounds, instead of ``fields``), and its ``ok`` body.
+    body: type[Generation] | None = None
+    result: type[Result] | None = None
     streams: bool = False  # may answer with ``event`` frames before ``ok``
     doc: str = ""
     #: Changes the box (engines, models, strategy, tools, stored data): on a tcp endpoint only a
     #: CURVE-authenticated client may send it (see shared.security); others get ``unauthorized``.
     privileged: bool = False
 
-    def needs_trusted_peer(self, body: dict[str, Any]) -> bool:
+    def needs_trusted_peer(self, req: Request) -> bool:
         """Whether only a peer that may send privileged messages may send this request: its type changes the
         box, or its body sets a field that speaks for someone else."""
-        return self.privileged or any(spec.privileged and name in body for name, spec in self.fields.items())
+        if req.message is not None:
+            return self.privileged or any(getattr(req.message, name) is not None for name in req.message.privileged)
+        return self.privileged or any(spec.privileged and name in req.body for name, spec in self.fields.items())
 
 
 _NUMBER = (int, float)
-_SHM_HANDLE = Field(dict)
 
 # --- the bounds of a generation request: the one place they are written (the gateway imports them) ---
 MAX_TOKENS = 32768
@@ -121,8 +129,9 @@ MAX_MESSAGES = 4096
 MAX_TOOLS = 128
 MAX_OWNER_CHARS = 96
 #: A generation's scheduling class, most urgent first (``services/inference/scheduler.py``, docs/scheduler.md).
-PRIORITIES = ("interactive", "normal", "background")
-DEFAULT_PRIORITY = "normal"
+Priority = Literal["interactive", "normal", "background"]
+PRIORITIES: tuple[str, ...] = get_args(Priority)
+DEFAULT_PRIORITY: Priority = "normal"
 MAX_MODEL_NAME_CHARS = 64
 MAX_ID_CHARS = 128  # request, session and tool-call ids
 MAX_HTTP_SESSION_CHARS = 96  # an X-Session-Id: printable ASCII; the gateway prefixes it with the key's name
@@ -172,21 +181,181 @@ MAX_FEEDBACK_DETAILS_BYTES = 16 << 10
 #: tenant's KV nor dodge its own limit under made-up names.
 _OWNER = {"owner": Field(str, max_len=MAX_OWNER_CHARS, privileged=True)}
 
-#: What generate and chat share: sampling, stop sequences, streaming, the model, how urgent it is, and who the
-#: caller is.
-_GENERATION = {
-    "max_tokens": Field(int, min=1, max=MAX_TOKENS),
-    "temperature": Field(_NUMBER, min=0, max=MAX_TEMPERATURE),
-    "top_p": Field(_NUMBER, min=0, max=1, above=True),
-    "top_k": Field(int, min=0, max=MAX_TOP_K),
-    "seed": Field(int, min=0, max=MAX_SEED),
-    "stop": Field(list, max_len=MAX_STOPS),
-    "stream": Field(bool),
-    "model": Field(str, max_len=MAX_MODEL_NAME_CHARS),
-    "cache_prompt": Field(bool),
-    "priority": Field(str, choices=PRIORITIES),
-    **_OWNER,
-}
+
+# --- the typed messages: generate and chat, their results and stats, tool calls --------------------------
+# Each is a msgspec Struct, its one definition: the service decodes a body into it once (``decode_request``), a
+# client builds it with typed keywords, and docs/protocol.md is checked against its fields (tests).
+class Wire(msgspec.Struct, forbid_unknown_fields=True, omit_defaults=True, kw_only=True):
+    """A typed body or a part of one: a field it does not declare is refused, a field left at its default is not
+    sent (so a ``type`` every reader needs has none)."""
+
+
+Text = Annotated[str, Meta(max_length=MAX_PROMPT_CHARS)]
+ShmHandle = dict[str, Any]  # see shared.shm: checked by the taker, which also caps what it reads
+
+
+class CalledFunction(Wire, kw_only=True):
+    name: Annotated[str, Meta(max_length=MAX_CALL_NAME_CHARS)]
+    arguments: Text  # a JSON object as a string, as OpenAI sends it; parsed once, where a template needs it
+
+
+class ToolCall(Wire, kw_only=True):
+    """A call an assistant message made; ``error`` (in replies): why it must not be run as written."""
+
+    id: Annotated[str, Meta(max_length=MAX_ID_CHARS)] | None = None
+    type: Literal["function"]
+    function: CalledFunction
+    error: Text | None = None
+
+
+class TextPart(Wire, kw_only=True):
+    type: Literal["text"]
+    text: Text
+
+
+class Message(Wire, kw_only=True):
+    """One message of a conversation (OpenAI's shape); content may be a list of text parts, joined as one."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = None
+    tool_calls: Annotated[list[ToolCall], Meta(max_length=MAX_TOOL_CALLS)] | None = None
+    tool_call_id: Annotated[str, Meta(max_length=MAX_ID_CHARS)] | None = None
+    name: Annotated[str, Meta(max_length=MAX_CALL_NAME_CHARS)] | None = None
+
+
+#: A conversation: one message at least.
+Messages = Annotated[list[Message], Meta(min_length=1, max_length=MAX_MESSAGES)]
+
+
+class FunctionSpec(Wire, kw_only=True):
+    name: Annotated[str, Meta(pattern=rf"^[A-Za-z0-9_.\-]{{1,{MAX_TOOL_NAME_CHARS}}}$")]
+    description: Annotated[str, Meta(max_length=MAX_DESCRIPTION_CHARS)] | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema (bounded and compiled by inference)
+    strict: bool | None = None
+
+
+class Tool(Wire, kw_only=True):
+    type: Literal["function"]
+    function: FunctionSpec
+
+
+class ToolName(Wire, kw_only=True):
+    name: Annotated[str, Meta(max_length=MAX_TOOL_NAME_CHARS)]
+
+
+class NamedToolChoice(Wire, kw_only=True):
+    type: Literal["function"]
+    function: ToolName
+
+
+class JsonSchemaSpec(Wire, kw_only=True):
+    name: Annotated[str, Meta(max_length=MAX_TOOL_NAME_CHARS)] | None = None
+    description: Annotated[str, Meta(max_length=MAX_DESCRIPTION_CHARS)] | None = None
+    schema: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(Wire, kw_only=True):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaSpec | None = None
+
+
+class Generation(Wire, kw_only=True):
+    """What generate and chat share: sampling, stop sequences, streaming, the model, how urgent it is, and who
+    the caller is."""
+
+    #: Fields that speak for someone else: only a peer that may send privileged messages may set them.
+    privileged: ClassVar[tuple[str, ...]] = ("owner",)
+
+    max_tokens: Annotated[int, Meta(ge=1, le=MAX_TOKENS)] | None = None  # None: engine.default_max_tokens
+    temperature: Annotated[float, Meta(ge=0, le=MAX_TEMPERATURE)] | None = None
+    top_p: Annotated[float, Meta(gt=0, le=1)] | None = None
+    top_k: Annotated[int, Meta(ge=0, le=MAX_TOP_K)] | None = None
+    seed: Annotated[int, Meta(ge=0, le=MAX_SEED)] | None = None
+    stop: Annotated[list[Annotated[str, Meta(min_length=1, max_length=MAX_STOP_CHARS)]],
+                    Meta(max_length=MAX_STOPS)] | None = None
+    stream: bool = False
+    model: Annotated[str, Meta(max_length=MAX_MODEL_NAME_CHARS)] | None = None
+    cache_prompt: bool = True
+    priority: Priority = DEFAULT_PRIORITY
+    owner: Annotated[str, Meta(max_length=MAX_OWNER_CHARS)] | None = None  # as ``_OWNER``'s
+
+
+class GenerateRequest(Generation, kw_only=True):
+    prompt: Text | None = None
+    prompt_shm: ShmHandle | None = None  # the prompt as UTF-8, when long (shared.client does this)
+    grammar: Annotated[str, Meta(max_length=MAX_GRAMMAR_CHARS)] | None = None
+
+
+class ChatRequest(Generation, kw_only=True):
+    messages: Messages | None = None
+    messages_shm: ShmHandle | None = None  # the messages list as msgpack, when long (shared.client does this)
+    tools: Annotated[list[Tool], Meta(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    response_format: ResponseFormat | None = None
+
+
+class Result(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """A typed reply body: every field is sent, so a reader in any language finds each one."""
+
+
+class Stats(Result, kw_only=True):
+    """One generation's figures: written once by the scheduler (with the preparing worker's ``prepare_ms`` and
+    the service's ``settings_id``), read as attributes by the gateway, the agent and clients."""
+
+    stop_reason: str | None = None  # eos, stop or length
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # KV reused, not computed
+    prefill_tokens: int = 0
+    completion_tokens: int = 0
+    kv_source: str = "cold"  # resident, restored, disk, shared or cold
+    kv_switch_ms: float = 0.0
+    shared_tokens: int = 0  # of cached_tokens, copied from another sequence
+    ttft_s: float = 0.0
+    prefill_tps: float | None = None
+    decode_tps: float | None = None
+    total_s: float = 0.0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    forced_tokens: int = 0
+    peak_batch: int = 0
+    priority: Priority = DEFAULT_PRIORITY
+    pauses: int = 0
+    model: str = ""
+    model_load_ms: float = 0.0
+    prepare_ms: float = 0.0
+    settings_id: str | None = None
+
+
+class GenerateResult(Result, kw_only=True):
+    text: str
+    stats: Stats
+
+
+class AssistantMessage(Result, kw_only=True):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCall] = []
+
+
+FinishReason = Literal["stop", "length", "tool_calls"]
+
+
+class ChatResult(Result, kw_only=True):
+    """A chat turn's reply: the assistant message (content, tool calls), why it ended, and its stats."""
+
+    message: AssistantMessage
+    finish_reason: FinishReason
+    stats: Stats
+
+    @property
+    def content(self) -> str:
+        return self.message.content or ""
+
+    @property
+    def tool_calls(self) -> list[ToolCall]:
+        return self.message.tool_calls
+
 
 MESSAGES: dict[str, MessageSpec] = {
     "health": MessageSpec("*", doc="Liveness and vital figures: ok, uptime, model, memory."),
@@ -197,27 +366,11 @@ MESSAGES: dict[str, MessageSpec] = {
             "loop at once: 'cancelled' says whether such a request was in flight.",
     ),
     "generate": MessageSpec(
-        "inference",
-        {
-            "prompt": Field(str, max_len=MAX_PROMPT_CHARS),
-            "prompt_shm": _SHM_HANDLE,
-            **_GENERATION,
-            "grammar": Field(str, max_len=MAX_GRAMMAR_CHARS),
-        },
-        streams=True,
+        "inference", body=GenerateRequest, result=GenerateResult, streams=True,
         doc="Complete a prompt. With a session, the KV cache of its earlier steps is reused.",
     ),
     "chat": MessageSpec(
-        "inference",
-        {
-            "messages": Field(list, max_len=MAX_MESSAGES),
-            "messages_shm": _SHM_HANDLE,  # the messages list as msgpack, when long (shared.client does this)
-            "tools": Field(list, max_len=MAX_TOOLS),
-            "tool_choice": Field((str, dict)),
-            "response_format": Field(dict),
-            **_GENERATION,
-        },
-        streams=True,
+        "inference", body=ChatRequest, result=ChatResult, streams=True,
         doc="A conversation (OpenAI-shaped messages, tools) rendered with the model's own chat template; the reply "
             "is an assistant message with native tool calls. Streams {text} and {tool_call} events.",
     ),
@@ -364,10 +517,10 @@ MESSAGES: dict[str, MessageSpec] = {
 
 # --- what generation replies mean (inference writes them, the gateway and clients read them) -----
 #: A generation's stop_reason -> the finish_reason of a chat reply (OpenAI's names).
-_FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length"}
+_FINISH_REASONS: dict[str, FinishReason] = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
-def finish_reason(stop_reason: str | None, called_tools: bool = False) -> str:
+def finish_reason(stop_reason: str | None, called_tools: bool = False) -> FinishReason:
     """Why a reply ended, in OpenAI's words: ``tool_calls``, ``length`` or ``stop``."""
     return "tool_calls" if called_tools else _FINISH_REASONS.get(stop_reason or "stop", "stop")
 
@@ -382,24 +535,20 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
+#: Encodes plain values and the typed bodies alike (a Struct as the map of its fields).
+_encoder = msgspec.msgpack.Encoder()
+
+
 def encode_request(
     msg_type: str,
-    body: dict[str, Any] | None = None,
+    body: dict[str, Any] | Wire | None = None,
     *,
     session: str | None = None,
     request_id: str | None = None,
     version: int = PROTOCOL_VERSION,
 ) -> bytes:
-    return msgpack.packb(
-        {
-            "v": version,
-            "id": request_id or new_request_id(),
-            "type": msg_type,
-            "session": session,
-            "body": body or {},
-        },
-        use_bin_type=True,
-    )
+    return _encoder.encode({"v": version, "id": request_id or new_request_id(), "type": msg_type,
+                            "session": session, "body": {} if body is None else body})
 
 
 @dataclass
@@ -407,7 +556,9 @@ class Request:
     id: str
     type: str
     session: str | None
-    body: dict[str, Any]
+    body: dict[str, Any]  # an untyped message's body (empty for a typed one)
+    #: A typed message's body (``MessageSpec.body``), validated as it was decoded; None for an untyped one.
+    message: Generation | None = None
     #: Who sent it, as the receiving service knows it (never from the wire): "local" for a peer of an ipc or
     #: loopback endpoint, "curve:<public key>" for a CURVE-authenticated one.
     peer: str = "local"
@@ -416,6 +567,11 @@ class Request:
     def key(self) -> tuple[str | None, str]:
         """What identifies the request for retries and ``cancel``: (session, id)."""
         return self.session, self.id
+
+    @property
+    def owner(self) -> str | None:
+        """The tenant the body names (``owner``), typed or not."""
+        return self.message.owner if self.message is not None else self.body.get("owner")
 
 
 def _no_extensions(code: int, data: bytes) -> Any:
@@ -430,13 +586,31 @@ def _unpack(data: bytes, what: str) -> Any:
         raise ProtocolError(ErrorCode.BAD_FRAME, f"{what} is not valid msgpack ({type(exc).__name__})")
 
 
-def decode_field(msg_type: str, name: str, data: bytes, request_id: str) -> Any:
-    """A body field that came in shared memory (``messages_shm`` holds ``messages``): msgpack under the frame's
-    rules, checked against the field's spec as if it had come inline."""
-    value = _unpack(data, f"{name}_shm")
-    _check_depth(value, f"field {name!r}", request_id)
-    _check_field(name, MESSAGES[msg_type].fields[name], value, request_id)
-    return value
+def decode_messages(data: bytes, request_id: str) -> list[Message]:
+    """A chat's ``messages`` that came in shared memory (``messages_shm``): msgpack under the frame's rules,
+    validated as if they had come inline."""
+    value = _unpack(data, "messages_shm")
+    _check_depth(value, "field 'messages'", request_id)
+    return _typed(Messages, value, "messages", request_id)
+
+
+def _typed(into: Any, value: Any, name: str | None, request_id: str) -> Any:
+    """``value`` validated into the type ``into`` (a typed body, its field ``name``): the one validation of a
+    typed message, whose refusal names the field as the field table's do."""
+    try:
+        return msgspec.convert(value, into, strict=True)
+    except msgspec.ValidationError as err:
+        raise ProtocolError(ErrorCode.BAD_REQUEST, _refusal(str(err), name), request_id) from None
+
+
+def _refusal(error: str, name: str | None) -> str:
+    """msgspec's "Expected `int` <= 5 - at `$.max_tokens`" as "field 'max_tokens' must be int <= 5"."""
+    reason, _, where = error.partition(" - at `$")
+    where = ((name or "") + where.rstrip("`")).lstrip(".")
+    reason = (reason.replace("Expected ", "must be ").replace("Invalid enum value", "must be one of its values, not")
+              .replace("Object contains unknown", "has an unknown").replace("Object missing required", "misses the")
+              .replace(" | null", "").replace("`", ""))
+    return f"field {where!r} {reason}" if where else f"body {reason}"
 
 
 def _check_depth(value: Any, what: str, request_id: str | None) -> None:
@@ -532,6 +706,9 @@ def decode_request(frame: bytes, *, max_frame_bytes: int, handled: set[str]) -> 
         raise ProtocolError(ErrorCode.BAD_REQUEST, "envelope field 'body' must be a map", request_id)
     _check_depth(body, "body", request_id)
     spec = MESSAGES.get(msg_type)
+    if spec is not None and spec.body is not None:  # null means not given, as for the field table below
+        message = _typed(spec.body, {k: v for k, v in body.items() if v is not None}, None, request_id)
+        return Request(request_id, msg_type, session, {}, message)
     if spec is not None:
         for name, field_spec in spec.fields.items():
             if name not in body or body[name] is None:
@@ -543,8 +720,9 @@ def decode_request(frame: bytes, *, max_frame_bytes: int, handled: set[str]) -> 
     return Request(request_id, msg_type, session, body)
 
 
-def encode_reply(request_id: str | None, kind: str, body: dict[str, Any] | None = None) -> bytes:
-    return msgpack.packb({"v": PROTOCOL_VERSION, "id": request_id, "kind": kind, "body": body or {}}, use_bin_type=True)
+def encode_reply(request_id: str | None, kind: str, body: dict[str, Any] | Result | None = None) -> bytes:
+    return _encoder.encode({"v": PROTOCOL_VERSION, "id": request_id, "kind": kind,
+                            "body": {} if body is None else body})
 
 
 def encode_error(request_id: str | None, code: str, message: str) -> bytes:
@@ -565,6 +743,22 @@ class Reply:
     @property
     def final(self) -> bool:
         return self.kind != "event"
+
+    def result(self, into: type[_R]) -> _R:
+        """The ``ok`` body of a typed message (``ChatResult``...), validated: see ``read_result``."""
+        return read_result(into, self.body)
+
+
+_R = TypeVar("_R", bound=Result)
+
+
+def read_result(into: type[_R], body: dict[str, Any]) -> _R:
+    """A typed message's ``ok`` body as its type (``MessageSpec.result``): the reader's one validation of it.
+    A body that is not one is a ``bad_frame``: the service broke the protocol."""
+    try:
+        return msgspec.convert(body, into, strict=True)
+    except msgspec.ValidationError as err:
+        raise ProtocolError(ErrorCode.BAD_FRAME, f"{into.__name__}: {err}") from None
 
 
 def decode_reply(frame: bytes) -> Reply:

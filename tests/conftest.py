@@ -218,3 +218,9 @@ def memory_services(run_home):
     services = MemoryServices(run_home)
     yield services
     services.stop()
+
+
+def chat_reply(message: dict, **stats) -> dict:
+    """A ``chat`` reply body (``shared.protocol.ChatResult``) of an assistant message as a test scripts it."""
+    return {"message": {"content": None, **message}, "finish_reason": "tool_calls" if message.get("tool_calls")
+            else "stop", "stats": stats}

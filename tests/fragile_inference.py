@@ -18,12 +18,12 @@ class WorkerDied(BaseException):
 
 class FragileInference(InferenceService):
     def serve(self, job, out):
-        if job.request.type == "generate" and job.request.body.get("prompt") == DIE:
+        if getattr(job.request.message, "prompt", None) == DIE:
             return self.handover.put(job)  # to the scheduler's thread as it is: run_job below fails there
         super().serve(job, out)
 
     def run_job(self, job, out):
-        if job.request.body.get("prompt") == DIE:
+        if getattr(job.request.message, "prompt", None) == DIE:
             raise WorkerDied("injected: the scheduler loop itself failed")
         super().run_job(job, out)
 

@@ -112,7 +112,7 @@ class MagnitudeBackend:
                 result = piece
             elif piece:
                 timer.piece()
-        return timer.sample(result.text, result.stats["completion_tokens"])
+        return timer.sample(result.text, result.stats.completion_tokens)
 
     def stop(self) -> None:
         for client in self.clients:

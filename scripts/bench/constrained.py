@@ -33,7 +33,9 @@ from services.inference.constraint import Constraint, LlamaGrammar, gbnf_constra
 from services.inference.prepare import Lexicon
 from services.inference.scheduler import GenerateParams, Scheduler
 from shared import catalog
+from shared.client import chat_request
 from shared.config import parse_config
+
 
 PERSON = {"type": "object", "properties": {
     "name": {"type": "string"}, "age": {"type": "integer"}, "city": {"type": "string"},
@@ -111,14 +113,14 @@ def magnitude_rows(model_path: Path, reps: int, max_tokens: int, workloads: list
                         constraint = gbnf_constraint(ACTION_GRAMMAR, engine.model) if mode == "constrained" else None
                     else:  # a fresh turn each run: a constraint's state is one generation's
                         body = CHAT_WORKLOADS[name][0 if mode == "constrained" else 1]
-                        turn = lexicon.chat_turn(body)
+                        turn = lexicon.chat_turn(chat_request(**body))
                         prompt, constraint = turn.prompt, turn.constraint
-                    result = scheduler.complete(prompt, params, constraint=constraint)
-                    if result["decode_tps"]:
-                        tps[mode].append(result["decode_tps"])
+                    result = scheduler.complete(prompt, params, constraint=constraint).stats
+                    if result.decode_tps:
+                        tps[mode].append(result.decode_tps)
                     if mode == "constrained":
-                        forced.append(result["forced_tokens"] / max(result["completion_tokens"], 1))
-                        overhead.append(clock.seconds / max(result["completion_tokens"], 1))
+                        forced.append(result.forced_tokens / max(result.completion_tokens, 1))
+                        overhead.append(clock.seconds / max(result.completion_tokens, 1))
             out[name] = {"free": _median(tps["free"]), "constrained": _median(tps["constrained"]),
                          "forced": round(100 * median(forced)) if forced else 0,
                          "us_per_token": round(1e6 * median(overhead)) if overhead else 0}

@@ -23,6 +23,7 @@ import psutil
 from services.inference.prepare import Lexicon
 from services.inference.scheduler import GenerateParams, Scheduler
 from shared import catalog
+from shared.client import chat_request
 from shared.config import parse_config
 from shared.protocol import ProtocolError
 
@@ -49,18 +50,18 @@ def measure(name: str, reps: int, max_tokens: int) -> dict:
     load_s = time.perf_counter() - t0
     try:
         try:
-            prompt = Lexicon(name, engine.model_path).chat_turn({"messages": MESSAGES, "tools": TOOLS,
-                                                                 "tool_choice": "none"}).prompt
+            prompt = Lexicon(name, engine.model_path).chat_turn(chat_request(MESSAGES, tools=TOOLS,
+                                                                              tool_choice="none")).prompt
         except ProtocolError:  # a base model: the same words as a plain prompt
             prompt = "\n".join(m["content"] for m in MESSAGES) + "\n"
-        runs = [scheduler.complete(prompt, GenerateParams(max_tokens=max_tokens)) for _ in range(reps)]
+        runs = [scheduler.complete(prompt, GenerateParams(max_tokens=max_tokens)).stats for _ in range(reps)]
         resident_mib = (process.memory_info().rss - rss_before) / 2**20
     finally:
         scheduler.models.close()
-    return {"load_s": round(load_s, 2), "prompt": runs[0]["prompt_tokens"],
-            "prefill": statistics.median(r["prefill_tps"] for r in runs),
-            "decode": statistics.median(r["decode_tps"] for r in runs),
-            "tokens": runs[0]["completion_tokens"], "resident_mib": round(resident_mib)}
+    return {"load_s": round(load_s, 2), "prompt": runs[0].prompt_tokens,
+            "prefill": statistics.median(r.prefill_tps for r in runs),
+            "decode": statistics.median(r.decode_tps for r in runs),
+            "tokens": runs[0].completion_tokens, "resident_mib": round(resident_mib)}
 
 
 def main() -> int:

@@ -68,11 +68,11 @@ def main() -> int:
                               file=sys.stderr, flush=True)
                 off, on = runs[0], runs[args.draft]
                 same = all(r.text == off[0].text for r in off + on)
-                tps_off = statistics.median(r.stats["decode_tps"] for r in off)
-                tps_on = statistics.median(r.stats["decode_tps"] for r in on)
-                accepted = sum(r.stats["accepted_tokens"] for r in on)
-                drafted = sum(r.stats["draft_tokens"] for r in on)
-                tokens = on[0].stats["completion_tokens"]
+                tps_off = statistics.median(r.stats.decode_tps for r in off)
+                tps_on = statistics.median(r.stats.decode_tps for r in on)
+                accepted = sum(r.stats.accepted_tokens for r in on)
+                drafted = sum(r.stats.draft_tokens for r in on)
+                tokens = on[0].stats.completion_tokens
                 rows.append((name, tokens, tps_off, tps_on, accepted, drafted, same))
         finally:
             stop(config, client)

@@ -29,14 +29,15 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Generator, Sequence
 
+import msgspec
 import structlog
 
 from services.agent.context import (PATH, BuiltPrompt, ContextManager, Count, Operation, Summarize, Turn,
                                     WorkingMemory, transcript, translate, turn_text)
 from shared import shm
-from shared.client import ServiceError, chat_body
+from shared.client import ServiceError, chat_request
 from shared.config import FINAL_ANSWER, Config
-from shared.protocol import ErrorCode
+from shared.protocol import ChatRequest, ChatResult, ErrorCode, read_result
 from shared.security import session_ref
 
 log = structlog.get_logger("agent")
@@ -78,7 +79,7 @@ class Request:
     """
     service: str
     type: str
-    body: dict
+    body: dict | ChatRequest  # a chat's is typed
     session: str | None = None
     optional: bool = False
 
@@ -306,16 +307,16 @@ class Run:
                 elif choice == "auto" and memory.unread(trace.goal):  # the goal names a file not read yet: read it
                     choice = _reader(specs, memory) or choice  # (a small model otherwise reaches for another tool)
                 insist = None
-                reply = yield self._step_chat(built.messages, tools=specs or None, tool_choice=choice)
-                context.observe(built, reply.get("prompt_tokens", 0))
+                reply = yield from self._step_chat(built.messages, tools=specs or None, tool_choice=choice)
+                context.observe(built, reply.stats.prompt_tokens)
                 step = self._record(index, built, reply, compress)
                 step.ms = round((time.monotonic() - t0) * 1000, 1)
-                if reply.get("finish_reason") == "length" and self._budget_left() == 0:  # cut by the run's cap
+                if reply.finish_reason == "length" and self._budget_left() == 0:  # cut by the run's cap
                     trace.stopped = "max_output_tokens"
                     break
                 if compress and built.summarized_turns:
                     last_compressed = index
-                message = reply["message"]
+                message = msgspec.to_builtins(reply.message)  # the history holds plain maps (context.Turn)
                 calls = message.get("tool_calls") or []
                 if len(calls) > 1 and not steering.parallel_tool_calls:
                     calls = calls[:1]
@@ -392,21 +393,22 @@ class Run:
         return Conversation(self.earlier.opening if self.earlier else self.trace.goal, [*said, *answer],
                             list(self.trace.memories), list(self.memory.facts) if self.memory else [])
 
-    def _chat(self, messages: list[dict], in_session: bool = True, **params: Any) -> Request:
-        """A ``chat`` request of this run, built as ``Client.chat`` builds one (a long conversation goes in
-        shared memory); the configured model, seed 0, the run's priority."""
+    def _chat(self, messages: list[dict], in_session: bool = True, **params: Any) -> Generator[Request, Any, ChatResult]:
+        """A ``chat`` turn of this run, its request built as ``Client.chat`` builds one (the client that sends it
+        moves a long conversation to shared memory); the configured model, seed 0, the run's priority."""
         session = self.trace.session_id if in_session else None
-        body = chat_body(messages, session, model=self.config.agent.model, seed=0, priority=self.priority, **params)
-        return Request("inference", "chat", body, session)
+        body = chat_request(messages, model=self.config.agent.model, seed=0, priority=self.priority, **params)
+        return read_result(ChatResult, (yield Request("inference", "chat", body, session)))
 
-    def _step_chat(self, messages: list[dict], in_session: bool = True, **params: Any) -> Request:
-        """A step's ``chat`` request: the caller's sampling, else the agent's; at most the tokens the run has left."""
+    def _step_chat(self, messages: list[dict], in_session: bool = True,
+                   **params: Any) -> Generator[Request, Any, ChatResult]:
+        """A step's ``chat`` turn: the caller's sampling, else the agent's; at most the tokens the run has left."""
         agent, steering = self.config.agent, self.steering
         temperature = agent.temperature if steering.temperature is None else steering.temperature
         left = self._budget_left()
         max_tokens = agent.max_step_tokens if left is None else min(agent.max_step_tokens, left)
-        return self._chat(messages, in_session, max_tokens=max_tokens, temperature=temperature,
-                          top_p=steering.top_p, **params)
+        return (yield from self._chat(messages, in_session, max_tokens=max_tokens, temperature=temperature,
+                                      top_p=steering.top_p, **params))
 
     def _budget_left(self) -> int | None:
         """Tokens the run may still generate (None: no cap but each step's)."""
@@ -418,17 +420,18 @@ class Run:
         conversation's)."""
         messages = [{"role": "system", "content": _ANSWER_SYSTEM},
                     {"role": "user", "content": _ANSWER_NOW.format(note=memory.note())}]
-        reply = yield self._step_chat(messages, in_session=False)
+        reply = yield from self._step_chat(messages, in_session=False)
         return self._record(index, None, reply, False)
 
-    def _record(self, index: int, built: BuiltPrompt | None, reply: dict, compressed: bool) -> Step:
-        step = Step(index, (reply["message"].get("content") or "").strip(), prompt_tokens=reply.get("prompt_tokens", 0),
+    def _record(self, index: int, built: BuiltPrompt | None, reply: ChatResult, compressed: bool) -> Step:
+        stats = reply.stats
+        step = Step(index, reply.content.strip(), prompt_tokens=stats.prompt_tokens,
                     summarized_turns=built.summarized_turns if built else 0,
                     compressed=compressed and bool(built and built.summarized_turns))
         self.trace.steps.append(step)
-        self.trace.prompt_tokens += reply.get("prefill_tokens", 0)
-        self.trace.cached_tokens += reply.get("cached_tokens", 0)
-        self.trace.output_tokens += reply.get("completion_tokens", 0)
+        self.trace.prompt_tokens += stats.prefill_tokens
+        self.trace.cached_tokens += stats.cached_tokens
+        self.trace.output_tokens += stats.completion_tokens
         return step
 
     def _call_tool(self, call: dict) -> Generator[Request, Any, ToolCall]:
@@ -485,8 +488,8 @@ class Run:
 
     def _summarize(self, op: Summarize) -> Generator[Request, Any, str]:
         messages = [{"role": "user", "content": f"{transcript(op.turns)}\n\n{_SUMMARY_PROMPT}"}]
-        reply = yield self._chat(messages, in_session=False, max_tokens=op.max_tokens, temperature=0.0)
-        return reply["message"].get("content") or ""
+        reply = yield from self._chat(messages, in_session=False, max_tokens=op.max_tokens, temperature=0.0)
+        return reply.content
 
     def _remember(self, turns: tuple[Turn, ...]) -> Generator[Request, Any, None]:
         """Write summarized turns verbatim to long-term memory; a failure is a warning, the run goes on."""

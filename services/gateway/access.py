@@ -121,9 +121,14 @@ def scoped(owner: str | None, session_id: str | None) -> str | None:
 KEYLESS = "(keyless)"
 
 
+def tenant(owner: str | None) -> str:
+    """Who an inference request is for (its ``owner`` field): the caller's key name, or ``KEYLESS``."""
+    return KEYLESS if owner is None else owner
+
+
 def owned(body: dict[str, Any], owner: str | None) -> dict[str, Any]:
-    """An inference request's body naming who it is for: the caller's key name, or ``KEYLESS``."""
-    return {**body, "owner": KEYLESS if owner is None else owner}
+    """An untyped inference request's body naming who it is for (``tenant``)."""
+    return {**body, "owner": tenant(owner)}
 
 
 SessionHeader = Annotated[str | None, Header(
@@ -139,11 +144,6 @@ async def session(owner: Annotated[str | None, Depends(caller)], x_session_id: S
 PriorityHeader = Annotated[Priority | None, Header(
     alias="X-Priority", description="the request's priority, for clients that cannot add a body field: "
                                     "interactive, normal (default) or background; a body's priority wins")]
-
-
-def prioritized(body: dict[str, Any], priority: Priority | None) -> dict[str, Any]:
-    """An inference request's body with its priority (the body's, else the header's), when one was given."""
-    return body if priority is None else {**body, "priority": priority}
 
 
 Context = Annotated[Gateway, Depends(gateway)]

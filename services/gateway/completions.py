@@ -21,7 +21,7 @@ from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 
-from services.gateway.access import Caller, Context, Gateway, PriorityHeader, Session, owned, prioritized
+from services.gateway.access import Caller, Context, Gateway, PriorityHeader, Session, tenant
 from services.gateway.errors import ApiError, documented, error_body
 from services.gateway.replies import ChatShape, CompletionShape, Shape
 from services.gateway.schemas import (
@@ -31,10 +31,14 @@ from services.gateway.schemas import (
     ChatMessage,
     Completion,
     CompletionRequest,
+    JsonSchemaResponseFormat,
+    Priority,
+    ResponseFormat,
     SamplingParams,
+    Tool,
 )
-from shared.client import chat_body as client_chat_body
-from shared.protocol import MAX_SEED, ErrorCode, Reply
+from shared import protocol as wire
+from shared.protocol import DEFAULT_PRIORITY, MAX_SEED, ErrorCode, GenerateRequest, Reply
 
 router = APIRouter()
 
@@ -50,7 +54,7 @@ STREAM_CHUNKS = {"/v1/chat/completions": ChatCompletionChunk, "/v1/completions":
 async def chat_completions(req: ChatCompletionRequest, gw: Context, session_id: Session, owner: Caller,
                            http: Request, x_priority: PriorityHeader = None):
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    body = prioritized(owned(chat_body(req, session_id), owner), req.priority or x_priority)
+    body = chat_request(req, owner, req.priority or x_priority)
     return await _generate(http, gw, "chat", body, session_id, ChatShape(req.model, include_usage), req.stream)
 
 
@@ -60,53 +64,65 @@ async def completions(req: CompletionRequest, gw: Context, session_id: Session, 
                       http: Request, x_priority: PriorityHeader = None):
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     shape = CompletionShape(req.model, include_usage, echo=req.prompt_text() if req.echo else None)
-    body = prioritized(owned({"prompt": req.prompt_text(), **sampling_body(req, req.max_tokens)}, owner),
-                       req.priority or x_priority)
+    body = GenerateRequest(prompt=req.prompt_text(), **sampling(req, req.max_tokens, owner, req.priority or x_priority))
     return await _generate(http, gw, "generate", body, session_id, shape, req.stream)
 
 
-def sampling_body(req: SamplingParams, max_tokens: int | None) -> dict[str, Any]:
-    """The generate/chat fields both endpoints share. Without a seed each request draws one, as OpenAI
-    samples differently each time unless told otherwise (the engine's own default seed is fixed)."""
-    body = {"model": req.model, "max_tokens": max_tokens, "temperature": req.temperature, "top_p": req.top_p,
-            "top_k": req.top_k, "stop": req.stop_list(), "stream": req.stream,
-            "seed": req.seed if req.seed is not None else secrets.randbelow(MAX_SEED + 1)}
-    return {k: v for k, v in body.items() if v is not None}
+def sampling(req: SamplingParams, max_tokens: int | None, owner: str | None,
+             priority: Priority | None) -> dict[str, Any]:
+    """The generate/chat fields both endpoints share, as keywords of the wire body; the priority is the body's,
+    else the header's. Without a seed each request draws one, as OpenAI samples differently each time unless told
+    otherwise (the engine's own default seed is fixed)."""
+    return dict(model=req.model, max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
+                top_k=req.top_k, stop=req.stop_list(), stream=req.stream,
+                seed=req.seed if req.seed is not None else secrets.randbelow(MAX_SEED + 1),
+                owner=tenant(owner), priority=priority or DEFAULT_PRIORITY)
 
 
-def chat_body(req: ChatCompletionRequest, session_id: str | None) -> dict[str, Any]:
-    """The ``chat`` request, built by the client library (a long conversation goes in shared memory)."""
-    params = sampling_body(req, req.max_completion_tokens or req.max_tokens)
-    if req.tools:
-        params["tools"] = [t.model_dump(exclude_none=True) for t in req.tools]
-    if req.tool_choice is not None:
-        params["tool_choice"] = req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump()
-    if req.response_format is not None and req.response_format.type != "text":
-        params["response_format"] = req.response_format.model_dump(by_alias=True, exclude_none=True)
-    return client_chat_body([_message(m) for m in req.messages], session_id, **params)
+def chat_request(req: ChatCompletionRequest, owner: str | None, priority: Priority | None) -> wire.ChatRequest:
+    """The ``chat`` message, built from the validated HTTP request as it is (the gateway's one validation): a
+    long conversation goes in shared memory when the client sees its frame is over the inline limit."""
+    return wire.ChatRequest(
+        messages=[_message(m) for m in req.messages],
+        tools=[_tool(t) for t in req.tools] if req.tools else None,
+        tool_choice=(req.tool_choice if isinstance(req.tool_choice, str) or req.tool_choice is None
+                     else wire.NamedToolChoice(type="function", function=wire.ToolName(name=req.tool_choice.function.name))),
+        response_format=_format(req.response_format),
+        **sampling(req, req.max_completion_tokens or req.max_tokens, owner, priority))
 
 
-def _message(m: ChatMessage) -> dict[str, Any]:
+def _message(m: ChatMessage) -> wire.Message:
     """One message as the chat message takes it: developer is system (text parts go as they are; inference joins
     them, so the HTTP and ZeroMQ paths render the same prompt)."""
-    content = m.content if not isinstance(m.content, list) else [p.model_dump() for p in m.content]
-    out: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
-    if m.tool_calls:
-        out["tool_calls"] = [c.model_dump() for c in m.tool_calls]
-    if m.tool_call_id is not None:
-        out["tool_call_id"] = m.tool_call_id
-    if m.name is not None:
-        out["name"] = m.name
-    return out
+    content = (m.content if not isinstance(m.content, list)
+               else [wire.TextPart(type="text", text=p.text) for p in m.content])
+    calls = [wire.ToolCall(id=c.id, type="function", function=wire.CalledFunction(name=c.function.name, arguments=c.function.arguments))
+             for c in m.tool_calls] if m.tool_calls else None
+    return wire.Message(role="system" if m.role == "developer" else m.role, content=content, tool_calls=calls,
+                        tool_call_id=m.tool_call_id, name=m.name)
 
 
-async def _generate(http: Request, gw: Gateway, msg_type: str, body: dict, session_id: str | None, shape: Shape,
-                    stream: bool):
+def _tool(t: Tool) -> wire.Tool:
+    fn = t.function
+    return wire.Tool(type="function", function=wire.FunctionSpec(name=fn.name, description=fn.description, parameters=fn.parameters,
+                                                strict=fn.strict))
+
+
+def _format(fmt: ResponseFormat | None) -> wire.ResponseFormat | None:
+    if isinstance(fmt, JsonSchemaResponseFormat):
+        spec = fmt.json_schema
+        return wire.ResponseFormat(type="json_schema", json_schema=wire.JsonSchemaSpec(
+            name=spec.name, description=spec.description, schema=spec.json_schema, strict=spec.strict))
+    return None if fmt is None or fmt.type == "text" else wire.ResponseFormat(type=fmt.type)
+
+
+async def _generate(http: Request, gw: Gateway, msg_type: str, body: wire.Generation, session_id: str | None,
+                    shape: Shape, stream: bool):
     deadline = gw.upstreams.deadline()
     if not stream:
         reply = await unless_disconnected(http, gw.upstreams.request("inference", msg_type, body, session_id,
                                                                       deadline))
-        return shape.result(reply)
+        return shape.result(shape.read(reply))
     frames = gw.upstreams.stream("inference", msg_type, body, session_id, deadline)
     first = await anext(frames)  # refusals answer with their status (the generator is finished then)
     cfg = gw.config.gateway
@@ -144,7 +160,7 @@ async def _events(gw: Gateway, shape: Shape, reply: Reply, frames: AsyncGenerato
             for chunk in shape.on_event(reply.body):
                 yield _data(chunk)
             reply = await anext(frames)
-        for chunk in shape.closing(reply.body):
+        for chunk in shape.closing(shape.read(reply.body)):
             yield _data(chunk)
         yield ServerSentEvent(data="[DONE]")
     except ApiError as err:

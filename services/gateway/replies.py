@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel
 
@@ -38,32 +38,31 @@ from services.gateway.schemas import (
     Usage,
 )
 from shared import protocol
+from shared.protocol import ChatResult, GenerateResult, Stats, ToolCall
 
 
-def usage(stats: dict[str, Any]) -> Usage:
-    prompt, completion = int(stats.get("prompt_tokens", 0)), int(stats.get("completion_tokens", 0))
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=int(stats.get("cached_tokens", 0))))
+def usage(stats: Stats) -> Usage:
+    return Usage(prompt_tokens=stats.prompt_tokens, completion_tokens=stats.completion_tokens,
+                 total_tokens=stats.prompt_tokens + stats.completion_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=stats.cached_tokens))
 
 
-def timings(stats: dict[str, Any]) -> Timings:
-    ttft_s, total_s = float(stats.get("ttft_s") or 0.0), float(stats.get("total_s") or 0.0)
-    return Timings(cache_n=int(stats.get("cached_tokens", 0)), prompt_n=int(stats.get("prefill_tokens", 0)),
-                   prompt_ms=round(ttft_s * 1000, 3), prompt_per_second=stats.get("prefill_tps"),
-                   predicted_n=int(stats.get("completion_tokens", 0)),
-                   predicted_ms=round(max(total_s - ttft_s, 0.0) * 1000, 3),
-                   predicted_per_second=stats.get("decode_tps"))
+def timings(stats: Stats) -> Timings:
+    return Timings(cache_n=stats.cached_tokens, prompt_n=stats.prefill_tokens,
+                   prompt_ms=round(stats.ttft_s * 1000, 3), prompt_per_second=stats.prefill_tps,
+                   predicted_n=stats.completion_tokens,
+                   predicted_ms=round(max(stats.total_s - stats.ttft_s, 0.0) * 1000, 3),
+                   predicted_per_second=stats.decode_tps)
 
 
-def finish_reason(stats: dict[str, Any]) -> str:
-    """A chat reply says it (``finish_reason``); a generate reply's ``stop_reason`` is mapped the same way."""
-    return stats.get("finish_reason") or protocol.finish_reason(stats.get("stop_reason"))
+_R = TypeVar("_R", GenerateResult, ChatResult)
 
 
-class Shape:
+class Shape(Generic[_R]):
     """What every result and chunk of one request shares: its id, creation time, model."""
 
     id_prefix = ""
+    result_type: type[_R]
 
     def __init__(self, model: str, include_usage: bool = False):
         self.id = f"{self.id_prefix}{uuid.uuid4().hex}"
@@ -71,13 +70,19 @@ class Shape:
         self.model = model
         self.include_usage = include_usage
 
-    def _common(self, final: dict[str, Any] | None = None) -> dict[str, Any]:
-        final = final or {}
-        return {"id": self.id, "created": self.created, "model": final.get("model") or self.model,
-                "system_fingerprint": final.get("settings_id")}
+    def read(self, body: dict[str, Any]) -> _R:
+        """The final ``ok`` body, validated as its type (the gateway's one reading of it)."""
+        return protocol.read_result(self.result_type, body)
 
-    def result(self, final: dict[str, Any]) -> BaseModel:
+    def _common(self, final: _R | None = None) -> dict[str, Any]:
+        return {"id": self.id, "created": self.created, "model": (final and final.stats.model) or self.model,
+                "system_fingerprint": final and final.stats.settings_id}
+
+    def result(self, final: _R) -> BaseModel:
         """The whole result of a request that does not stream."""
+        raise NotImplementedError
+
+    def finish_reason(self, final: _R) -> str:
         raise NotImplementedError
 
     # --- streams -------------------------------------------------------------------------
@@ -89,39 +94,41 @@ class Shape:
         """Chunks for one ``event`` frame."""
         raise NotImplementedError
 
-    def closing(self, final: dict[str, Any]) -> list[BaseModel]:
+    def closing(self, final: _R) -> list[BaseModel]:
         """The chunk with finish_reason (and usage, unless include_usage asks for a chunk of its own)."""
-        last = self._finish_chunk(final, finish_reason(final))
+        last = self._finish_chunk(final, self.finish_reason(final))
+        figures = {"usage": usage(final.stats), "timings": timings(final.stats)}
         if not self.include_usage:
-            return [*self.reconcile(final), last.model_copy(update={"usage": usage(final),
-                                                                     "timings": timings(final)})]
-        usage_only = last.model_copy(update={"choices": [], "usage": usage(final), "timings": timings(final)})
-        return [*self.reconcile(final), last, usage_only]
+            return [*self.reconcile(final), last.model_copy(update=figures)]
+        return [*self.reconcile(final), last, last.model_copy(update={"choices": [], **figures})]
 
-    def reconcile(self, final: dict[str, Any]) -> list[BaseModel]:
+    def reconcile(self, final: _R) -> list[BaseModel]:
         """Chunks for what the final result holds but no event carried."""
         return []
 
-    def _finish_chunk(self, final: dict[str, Any], reason: str) -> BaseModel:
+    def _finish_chunk(self, final: _R, reason: str) -> BaseModel:
         raise NotImplementedError
 
 
-class ChatShape(Shape):
+class ChatShape(Shape[ChatResult]):
     id_prefix = "chatcmpl-"
+    result_type = ChatResult
 
     def __init__(self, model: str, include_usage: bool = False):
         super().__init__(model, include_usage)
         self.streamed_text = ""
         self.streamed_calls: set[int] = set()
 
-    def result(self, final: dict[str, Any]) -> ChatCompletion:
-        message = final.get("message") or {}
-        calls = [_tool_call(c) for c in message.get("tool_calls") or []]
-        return ChatCompletion(**self._common(final), choices=[ChatChoice(
-            index=0, message=AssistantMessage(content=message.get("content"), tool_calls=calls or None),
-            finish_reason=finish_reason(final))], usage=usage(final), timings=timings(final))
+    def finish_reason(self, final: ChatResult) -> str:
+        return final.finish_reason
 
-    def _chunk(self, delta: Delta, reason: str | None = None, final: dict | None = None) -> ChatCompletionChunk:
+    def result(self, final: ChatResult) -> ChatCompletion:
+        calls = [_tool_call(c) for c in final.message.tool_calls]
+        return ChatCompletion(**self._common(final), choices=[ChatChoice(
+            index=0, message=AssistantMessage(content=final.message.content, tool_calls=calls or None),
+            finish_reason=final.finish_reason)], usage=usage(final.stats), timings=timings(final.stats))
+
+    def _chunk(self, delta: Delta, reason: str | None = None, final: ChatResult | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(**self._common(final),
                                    choices=[ChunkChoice(index=0, delta=delta, finish_reason=reason)])
 
@@ -143,35 +150,37 @@ class ChatShape(Shape):
             index=index, id=call.get("id"), type="function", error=call.get("error"),
             function=FunctionCallDelta(name=call.get("name"), arguments=call.get("arguments")))]))
 
-    def reconcile(self, final: dict[str, Any]) -> list[BaseModel]:
-        message = final.get("message") or {}
+    def reconcile(self, final: ChatResult) -> list[BaseModel]:
         chunks: list[BaseModel] = []
-        if unsent := protocol.unsent_text(message.get("content") or "", self.streamed_text):
+        if unsent := protocol.unsent_text(final.content, self.streamed_text):
             chunks.append(self._chunk(Delta(content=unsent)))
-        for index, call in enumerate(message.get("tool_calls") or []):
+        for index, call in enumerate(final.message.tool_calls):
             if index not in self.streamed_calls:
-                fn = call.get("function") or {}
-                chunks.append(self._call_chunk({"index": index, "id": call.get("id"), "name": fn.get("name"),
-                                                "arguments": fn.get("arguments"), "error": call.get("error")}))
+                chunks.append(self._call_chunk({"index": index, "id": call.id, "name": call.function.name,
+                                                "arguments": call.function.arguments, "error": call.error}))
         return chunks
 
-    def _finish_chunk(self, final: dict[str, Any], reason: str) -> BaseModel:
+    def _finish_chunk(self, final: ChatResult, reason: str) -> BaseModel:
         return self._chunk(Delta(), reason, final)
 
 
-class CompletionShape(Shape):
+class CompletionShape(Shape[GenerateResult]):
     id_prefix = "cmpl-"
+    result_type = GenerateResult
 
     def __init__(self, model: str, include_usage: bool = False, echo: str | None = None):
         super().__init__(model, include_usage)
         self.echo = echo  # the prompt, when the client asked for it back
 
-    def result(self, final: dict[str, Any]) -> Completion:
-        text = (self.echo or "") + final.get("text", "")
-        return Completion(**self._common(final), choices=[CompletionChoice(
-            index=0, text=text, finish_reason=finish_reason(final))], usage=usage(final), timings=timings(final))
+    def finish_reason(self, final: GenerateResult) -> str:
+        return protocol.finish_reason(final.stats.stop_reason)
 
-    def _chunk(self, text: str, reason: str | None = None, final: dict | None = None) -> Completion:
+    def result(self, final: GenerateResult) -> Completion:
+        return Completion(**self._common(final), choices=[CompletionChoice(
+            index=0, text=(self.echo or "") + final.text, finish_reason=self.finish_reason(final))],
+            usage=usage(final.stats), timings=timings(final.stats))
+
+    def _chunk(self, text: str, reason: str | None = None, final: GenerateResult | None = None) -> Completion:
         return Completion(**self._common(final), choices=[CompletionChoice(index=0, text=text, finish_reason=reason)])
 
     def opening(self) -> list[BaseModel]:
@@ -180,11 +189,10 @@ class CompletionShape(Shape):
     def on_event(self, event: dict[str, Any]) -> list[BaseModel]:
         return [self._chunk(event["text"])] if event.get("text") else []
 
-    def _finish_chunk(self, final: dict[str, Any], reason: str) -> BaseModel:
+    def _finish_chunk(self, final: GenerateResult, reason: str) -> BaseModel:
         return self._chunk("", reason, final)
 
 
-def _tool_call(call: dict[str, Any]) -> CallMade:
-    fn = call.get("function") or {}
-    return CallMade(id=call.get("id") or f"call_{uuid.uuid4().hex[:24]}", error=call.get("error"),
-                    function=CalledFunction(name=fn.get("name") or "", arguments=fn.get("arguments") or ""))
+def _tool_call(call: ToolCall) -> CallMade:
+    return CallMade(id=call.id or f"call_{uuid.uuid4().hex[:24]}", error=call.error,
+                    function=CalledFunction(name=call.function.name, arguments=call.function.arguments))

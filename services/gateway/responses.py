@@ -29,15 +29,16 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+import msgspec
 from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request as HttpRequest
 
 from services.agent.context import Turn, turn_text
 from services.agent.loop import Conversation, Request, Run, Steering
-from services.gateway.access import Caller, Context, Gateway, PriorityHeader, owned, scoped
+from services.gateway.access import Caller, Context, Gateway, PriorityHeader, owned, scoped, tenant
 from services.gateway.completions import unless_disconnected
 from services.gateway.errors import ApiError, bad_request, documented, from_service_error
 from services.gateway.stored import Stored, StoredResponse
@@ -64,7 +65,7 @@ from services.gateway.schemas import (
 )
 from shared.client import ServiceError
 from shared.config import FINAL_ANSWER
-from shared.protocol import ErrorCode
+from shared.protocol import ChatRequest, ErrorCode
 from shared.security import session_ref
 from shared.text import cap_text
 
@@ -121,8 +122,9 @@ class AgentRun:
                 yield item
         while (req := self.loop.pending) is not None:
             if req.service == "caller":
-                self.waiting = FunctionCallItem(id=_id("fc"), call_id=_id("call"), name=req.body["tool"],
-                                                arguments=json.dumps(req.body["args"]),
+                call = cast(dict, req.body)  # a tool.call
+                self.waiting = FunctionCallItem(id=_id("fc"), call_id=_id("call"), name=call["tool"],
+                                                arguments=json.dumps(call["args"]),
                                                 step=self.loop.trace.steps[-1].index)
                 yield self.waiting
                 return
@@ -133,7 +135,8 @@ class AgentRun:
     async def _carry(self, req: Request) -> dict | ServiceError:
         """The reply to one of the loop's requests, or its failure for the loop to handle; before the first
         model step a failure is the HTTP request's own (``ApiError``)."""
-        body = owned(req.body, self.owner) if req.type == "chat" else req.body
+        body = (msgspec.structs.replace(req.body, owner=tenant(self.owner)) if isinstance(req.body, ChatRequest)
+                else req.body)
         try:
             reply = await self.gw.upstreams.exchange(req.service, req.type, body, scoped(self.owner, req.session))
         except ServiceError as err:

@@ -21,104 +21,86 @@ import secrets
 from typing import Any, Callable
 
 import llama_cpp
+import msgspec
 from llama_cpp import _internals
 
 from services.inference.chat_template import ChatTemplate, Segment
 from services.inference.constraint import Constraint, Vocabulary, check_schema
 from services.inference.tool_calls import (OPEN, Tool, ToolCall, answer_or_calls_grammar, scan, tagged_grammar,
                                            tool_table, triggers)
+from shared import protocol
 from shared.protocol import ErrorCode, ProtocolError, finish_reason, unsent_text
-
-ROLES = ("system", "user", "assistant", "tool")
 
 
 def _bad(message: str) -> ProtocolError:
     return ProtocolError(ErrorCode.BAD_REQUEST, message)
 
 
-# --- the request, checked ---------------------------------------------------------------
-def _text(content: Any, where: str) -> str:
+# --- the request, as the template takes it -------------------------------------------------
+# ``shared.protocol`` validated the body's shape and bounds as it decoded it (``ChatRequest``); what is left here
+# is what depends on more than one field or on the model.
+def _text(content: str | list[protocol.TextPart] | None) -> str:
     """A message content as text: a string, null, or OpenAI's list of text parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
-    raise _bad(f"{where}.content must be a string, null or a list of text parts")
+    if isinstance(content, list):
+        return "".join(p.text for p in content)
+    return content or ""
 
 
-def _arguments(value: Any) -> Any:
+def _arguments(value: str) -> Any:
     """Tool-call arguments as the templates expect them: an object (OpenAI sends a JSON string)."""
-    if isinstance(value, str):
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
 
 
-def _messages(raw: list) -> list[dict]:
-    """The messages (a list of 1..MAX_MESSAGES, as ``shared.protocol`` checked), each checked and normalised."""
-    if not raw:
-        raise _bad("messages must hold at least one message")
+def _messages(raw: list[protocol.Message]) -> list[dict]:
+    """The messages as the template reads them."""
     out = []
     for i, m in enumerate(raw):
-        where = f"messages[{i}]"
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            raise _bad(f"{where} must be a map whose role is one of {', '.join(ROLES)}")
-        msg = {"role": m["role"], "content": _text(m.get("content"), where)}
-        for key in ("name", "tool_call_id"):
-            if m.get(key) is not None:
-                if not isinstance(m[key], str):
-                    raise _bad(f"{where}.{key} must be a string")
-                msg[key] = m[key]
-        calls = m.get("tool_calls")
-        if calls:
-            if m["role"] != "assistant" or not isinstance(calls, list):
-                raise _bad(f"{where}.tool_calls: only an assistant message has them, as a list")
-            msg["tool_calls"] = []
-            for j, call in enumerate(calls):
-                fn = call.get("function") if isinstance(call, dict) else None
-                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                    raise _bad(f"{where}.tool_calls[{j}] must be {{id, type: function, function: {{name, arguments}}}}")
-                msg["tool_calls"].append({"id": str(call.get("id") or f"call_{j}"), "type": "function",
-                                          "function": {"name": fn["name"],
-                                                       "arguments": _arguments(fn.get("arguments", {}))}})
+        msg: dict[str, Any] = {"role": m.role, "content": _text(m.content)}
+        if m.name is not None:
+            msg["name"] = m.name
+        if m.tool_call_id is not None:
+            msg["tool_call_id"] = m.tool_call_id
+        if m.tool_calls:
+            if m.role != "assistant":
+                raise _bad(f"messages[{i}].tool_calls: only an assistant message has them")
+            msg["tool_calls"] = [{"id": call.id or f"call_{j}", "type": "function",
+                                  "function": {"name": call.function.name,
+                                               "arguments": _arguments(call.function.arguments)}}
+                                 for j, call in enumerate(m.tool_calls)]
         out.append(msg)
     return out
 
 
-def _tool_choice(choice: Any, tools: dict[str, Tool]) -> tuple[str, str | None]:
+def _tool_choice(choice: str | protocol.NamedToolChoice | None, tools: dict[str, Tool]) -> tuple[str, str | None]:
     """("auto" | "none" | "required" | "named", the named tool)."""
     if choice is None:
         return ("auto" if tools else "none"), None
-    if choice in ("auto", "none", "required"):
+    if isinstance(choice, str):
         if choice != "none" and not tools:
             raise _bad(f"tool_choice {choice!r} needs tools")
         return choice, None
-    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
-    if not isinstance(name, str) or name not in tools:
-        raise _bad('tool_choice must be "auto", "none", "required" or {type: function, function: {name}} '
-                   "naming one of the tools")
-    return "named", name
+    if choice.function.name not in tools:
+        raise _bad(f"tool_choice names {choice.function.name!r}, which is none of the tools")
+    return "named", choice.function.name
 
 
-def _response_schema(fmt: Any) -> dict | None:
-    if fmt is None:
+def _response_schema(fmt: protocol.ResponseFormat | None) -> dict | None:
+    if fmt is None or fmt.type == "text":
         return None
-    kind = fmt.get("type") if isinstance(fmt, dict) else None
-    if kind == "text":
-        return None
-    if kind == "json_object":
+    if fmt.type == "json_object":
         return {"type": "object"}
-    if kind == "json_schema":
-        spec = fmt.get("json_schema")
-        schema = spec.get("schema") if isinstance(spec, dict) else None
-        check_schema(schema, "response_format.json_schema.schema")
-        return schema
-    raise _bad('response_format must be {type: "text" | "json_object" | "json_schema", json_schema?: {name, schema}}')
+    schema = fmt.json_schema.schema if fmt.json_schema is not None else None
+    check_schema(schema, "response_format.json_schema.schema")
+    return schema
+
+
+def _template_tools(tools: list[protocol.Tool]) -> list[dict]:
+    """The tools as a template shows them: name, description, parameters."""
+    return [{"type": "function", "function": {k: v for k, v in msgspec.to_builtins(t.function).items()
+                                              if k != "strict"}} for t in tools]
 
 
 # --- the model's side -----------------------------------------------------------------------
@@ -251,28 +233,27 @@ class ChatTurn:
         self._content = content
         return calls
 
-    def reply(self, result: dict) -> dict:
+    def reply(self, result: protocol.GenerateResult) -> protocol.ChatResult:
         """The ok body: the assistant message, finish_reason, and the generation's stats."""
-        self._text = result["text"]
+        self._text = result.text
         calls = self._flush(final=True)
         while len(self._ids) < len(calls):
             self._ids.append(f"call_{secrets.token_hex(12)}")
-        wire_calls = [call.wire(call_id) for call, call_id in zip(calls, self._ids)]
-        message = {"role": "assistant", "content": self._content or (None if calls else ""),
-                   "tool_calls": wire_calls}
-        stats = {k: v for k, v in result.items() if k != "text"}
-        return {"message": message, "finish_reason": finish_reason(result["stop_reason"], bool(calls)), **stats}
+        message = protocol.AssistantMessage(content=self._content or (None if calls else ""),
+                                            tool_calls=[call.wire(call_id) for call, call_id in zip(calls, self._ids)])
+        return protocol.ChatResult(message=message, finish_reason=finish_reason(result.stats.stop_reason, bool(calls)),
+                                   stats=result.stats)
 
 
-def prepare_turn(body: dict, cm: ChatModel, vocab: Vocabulary, emit: Callable[[dict], None] | None) -> ChatTurn:
-    """A chat request (its body) as prompt tokens and a constraint, in the turn that finishes it."""
-    messages = _messages(body["messages"])
-    tools = tool_table(body["tools"]) if body.get("tools") else {}
-    choice, named = _tool_choice(body.get("tool_choice"), tools)
-    schema = _response_schema(body.get("response_format"))
-    wire_tools = [{"type": "function", "function": {k: v for k, v in t.items() if k in
-                                                    ("name", "description", "parameters")}}
-                  for t in (x["function"] for x in body.get("tools") or [])]
+def prepare_turn(body: protocol.ChatRequest, cm: ChatModel, vocab: Vocabulary,
+                 emit: Callable[[dict], None] | None) -> ChatTurn:
+    """A chat request (as decoded, its messages inline) as prompt tokens and a constraint, in the turn that
+    finishes it."""
+    messages = _messages(body.messages or [])
+    tools = tool_table(body.tools) if body.tools else {}
+    choice, named = _tool_choice(body.tool_choice, tools)
+    schema = _response_schema(body.response_format)
+    wire_tools = _template_tools(body.tools or [])
     for i, tool in enumerate(wire_tools):
         if cm.has_special_text(json.dumps(tool, ensure_ascii=False)):
             raise _bad(f"tools[{i}] holds the spelling of one of the model's control tokens")

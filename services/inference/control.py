@@ -16,7 +16,7 @@ from services.inference.models import ModelPool
 
 def owner(req: Request) -> str:
     """Whose KV a request may reuse: its peer, refined by the tenant a relaying peer names."""
-    return f"{req.peer}|{req.body['owner']}" if req.body.get("owner") else req.peer
+    return f"{req.peer}|{req.owner}" if req.owner else req.peer
 
 
 def session_key(req: Request) -> tuple[str, str] | None:

@@ -14,12 +14,13 @@ import queue
 import threading
 from collections import Counter
 from functools import partial
-from typing import Any, cast
+from typing import cast
 
+import msgspec
 import zmq
 
 from shared.metrics import InferenceMetrics
-from shared.protocol import ErrorCode, ProtocolError
+from shared.protocol import ChatResult, ErrorCode, GenerateResult, ProtocolError
 from shared.security import session_ref
 from shared.service import Answer, Job, Service
 from services.inference.control import EngineControl
@@ -127,16 +128,16 @@ class Outlet:
     def cancelled(self) -> bool:
         return self._service.retries.is_cancelled(self.job.request.key)
 
-    def done(self, result: dict[str, Any]) -> None:
+    def done(self, result: GenerateResult | ChatResult) -> None:
         self._handover.limits.leave(self._client)
-        req, service = self.job.request, self._service
-        result["settings_id"] = settings_id(self._handover.control.settings())
-        stats = {k: v for k, v in result.items() if k not in ("text", "message")}
-        service.log.info(req.type, session=session_ref(req.session), request_id=req.id, **stats)
+        req, service, stats = self.job.request, self._service, result.stats
+        stats.settings_id = settings_id(self._handover.control.settings())
+        figures = msgspec.structs.asdict(stats)
+        service.log.info(req.type, session=session_ref(req.session), request_id=req.id, **figures)
         # metrics_for() made InferenceMetrics for the service that answers generate, the one this outlet serves
-        cast(InferenceMetrics, service.metrics).observe_generation(result)
+        cast(InferenceMetrics, service.metrics).observe_generation(stats)
         self._handover.answer(self.job).send("ok", result)
-        service.telemetry.report(dict(stats, type="generation", session=req.session, ok=True))
+        service.telemetry.report(dict(figures, type="generation", session=req.session, ok=True))
 
     def failed(self, exc: Exception) -> None:
         self._handover.limits.leave(self._client)

@@ -20,11 +20,13 @@ import time
 from pathlib import Path
 from typing import Callable
 
+import msgspec
 from llama_cpp import _internals
 
 from shared import shm
 from shared.config import Config
-from shared.protocol import DEFAULT_PRIORITY, MAX_STOP_CHARS, ErrorCode, ProtocolError, Request, decode_field
+from shared.protocol import (ChatRequest, ChatResult, ErrorCode, GenerateRequest, GenerateResult, ProtocolError, Request,
+                             decode_messages)
 from services.inference.chat import ChatModel, ChatTurn, prepare_turn
 from services.inference.constraint import Constraint, LlamaGrammar, Vocabulary, gbnf_constraint, vocabulary
 from services.inference.engine import init_backend
@@ -63,7 +65,7 @@ class Lexicon:
     def vocabulary(self) -> Vocabulary:
         return vocabulary(self.model)
 
-    def chat_turn(self, body: dict, emit: Callable[[dict], None] | None = None) -> ChatTurn:
+    def chat_turn(self, body: ChatRequest, emit: Callable[[dict], None] | None = None) -> ChatTurn:
         """A chat request's turn on this model (``chat.prepare_turn``)."""
         return prepare_turn(body, self.chat, self.vocabulary, emit)
 
@@ -124,43 +126,40 @@ class Preparer:
         """The request as the scheduler runs it, answering through ``outlet`` (streamed events only when the
         request streams); raises ``ProtocolError`` for a bad request."""
         t0 = time.perf_counter()
-        body, n_ctx = req.body, self.config.engine.n_ctx
+        body, n_ctx = req.message, self.config.engine.n_ctx
+        assert isinstance(body, (GenerateRequest, ChatRequest)), "decode_request types generate and chat"
         params = self.params(body)
-        name, lexicon = self.lexicon(body.get("model"))
-        on_text = outlet.event if body.get("stream") else None
-        finish: Callable[[dict], dict] = lambda result: result
+        name, lexicon = self.lexicon(body.model)
+        on_text = outlet.event if body.stream else None
+        finish: Callable[[GenerateResult], GenerateResult | ChatResult] = lambda result: result
         text_out = (lambda text: on_text({"text": text})) if on_text else None
         constraint: Constraint | LlamaGrammar | None = None
-        if req.type == "chat":
-            turn = lexicon.chat_turn(_with_messages(req, n_ctx), on_text)
+        if isinstance(body, ChatRequest):
+            turn = lexicon.chat_turn(_with_messages(req, body, n_ctx), on_text)
             prompt, constraint, finish, text_out = turn.prompt, turn.constraint, turn.reply, turn.on_text
         else:
-            prompt = lexicon.tokenize(_prompt_text(req, n_ctx))
-            if grammar := body.get("grammar"):
-                constraint = gbnf_constraint(grammar, lexicon.model)
+            prompt = lexicon.tokenize(_prompt_text(req, body, n_ctx))
+            if body.grammar:
+                constraint = gbnf_constraint(body.grammar, lexicon.model)
         if not 0 < len(prompt) < n_ctx:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"prompt is {len(prompt)} tokens; n_ctx is {n_ctx}")
         self._may_load(name)
         return GenerationRequest(
             prompt, params, on_done=lambda result: outlet.done(finish(result)), on_error=outlet.failed, owner=owner,
-            priority=body.get("priority", DEFAULT_PRIORITY), session=req.session, model=name, constraint=constraint, on_text=text_out, cancelled=outlet.cancelled,
-            stats={"prepare_ms": round((time.perf_counter() - t0) * 1000, 3)})
+            priority=body.priority, session=req.session, model=name, constraint=constraint, on_text=text_out,
+            cancelled=outlet.cancelled, prepare_ms=round((time.perf_counter() - t0) * 1000, 3))
 
     def on_tokenize(self, req: Request, _) -> dict:
         """The ``tokenize`` message: the default model's token ids of a text."""
         return {"tokens": self.lexicon(None)[1].tokenize(req.body["text"])}
 
-    def params(self, body: dict) -> GenerateParams:
-        """Sampling parameters (their ranges are checked by ``shared.protocol``), defaults filled in."""
-        p = GenerateParams(max_tokens=body.get("max_tokens") or self.config.engine.default_max_tokens)
-        for name in ("temperature", "top_p", "top_k", "seed", "cache_prompt"):
-            if body.get(name) is not None:
-                setattr(p, name, body[name])
-        stop = body.get("stop") or []
-        if not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop):
-            raise ProtocolError(ErrorCode.BAD_REQUEST, f"stop must be a list of non-empty strings "
-                                                       f"(<={MAX_STOP_CHARS} chars)")
-        p.stop = stop
+    def params(self, body: GenerateRequest | ChatRequest) -> GenerateParams:
+        """Sampling parameters (checked as the body was decoded), defaults filled in."""
+        p = GenerateParams(max_tokens=body.max_tokens or self.config.engine.default_max_tokens,
+                           cache_prompt=body.cache_prompt, stop=body.stop or [])
+        for name in ("temperature", "top_p", "top_k", "seed"):
+            if (value := getattr(body, name)) is not None:
+                setattr(p, name, value)
         return p
 
 
@@ -168,23 +167,23 @@ class Preparer:
 _MAX_BYTES_PER_TOKEN = 256
 
 
-def _with_messages(req: Request, n_ctx: int) -> dict:
+def _with_messages(req: Request, body: ChatRequest, n_ctx: int) -> ChatRequest:
     """A chat body with its messages inline, read from ``messages_shm`` when they came that way."""
-    if "messages_shm" in req.body:
-        data = shm.take_bytes(req.body["messages_shm"], req.session, max_bytes=n_ctx * _MAX_BYTES_PER_TOKEN)
-        return {**req.body, "messages": decode_field("chat", "messages", data, req.id)}
-    if "messages" in req.body:
-        return req.body
+    if body.messages_shm is not None:
+        data = shm.take_bytes(body.messages_shm, req.session, max_bytes=n_ctx * _MAX_BYTES_PER_TOKEN)
+        return msgspec.structs.replace(body, messages=decode_messages(data, req.id), messages_shm=None)
+    if body.messages is not None:
+        return body
     raise ProtocolError(ErrorCode.BAD_REQUEST, "missing required field 'messages' (or 'messages_shm')")
 
 
-def _prompt_text(req: Request, n_ctx: int) -> str:
-    if "prompt_shm" in req.body:
+def _prompt_text(req: Request, body: GenerateRequest, n_ctx: int) -> str:
+    if body.prompt_shm is not None:
         cap = n_ctx * _MAX_BYTES_PER_TOKEN  # checked before a byte is read: more could never fit the context
         try:
-            return shm.take_bytes(req.body["prompt_shm"], req.session, max_bytes=cap).decode()
+            return shm.take_bytes(body.prompt_shm, req.session, max_bytes=cap).decode()
         except UnicodeDecodeError:
             raise ProtocolError(ErrorCode.BAD_REQUEST, "prompt_shm does not hold UTF-8 text") from None
-    if "prompt" in req.body:
-        return req.body["prompt"]
+    if body.prompt is not None:
+        return body.prompt
     raise ProtocolError(ErrorCode.BAD_REQUEST, "missing required field 'prompt' (or 'prompt_shm')")

@@ -63,7 +63,7 @@ import structlog
 
 from shared.config import EngineConfig
 from shared.cores import LeaseTimeout
-from shared.protocol import DEFAULT_PRIORITY, PRIORITIES, ErrorCode, ProtocolError
+from shared.protocol import DEFAULT_PRIORITY, PRIORITIES, ErrorCode, GenerateResult, Priority, ProtocolError, Stats
 from services.inference.drafting import DraftLength, NgramIndex
 from services.inference.engine import Engine
 from services.inference.models import ModelPool
@@ -105,16 +105,16 @@ class GenerationRequest:
 
     prompt: list[int]
     params: GenerateParams
-    on_done: Callable[[dict[str, Any]], None]
+    on_done: Callable[[GenerateResult], None]
     on_error: Callable[[Exception], None]
     owner: str = "local"  # whose KV it may reuse (sessions.py), and whose fair share of slots it counts in
-    priority: str = DEFAULT_PRIORITY  # its class: shared.protocol.PRIORITIES, most urgent first
+    priority: Priority = DEFAULT_PRIORITY  # its class: shared.protocol.PRIORITIES, most urgent first
     session: str | None = None  # a session id of that owner
     model: str | None = None  # a model slot's name; None: the default model
     constraint: Constraint | LlamaGrammar | None = None
     on_text: Callable[[str], None] | None = None
     cancelled: Callable[[], bool] = _never
-    stats: dict[str, Any] = field(default_factory=dict)  # figures of its preparation, added to the result
+    prepare_ms: float = 0.0  # how long its preparation took (its stats report it)
 
     @property
     def session_key(self) -> tuple[str, str] | None:
@@ -171,34 +171,33 @@ class Task:
         if piece and self.request.on_text:
             self.request.on_text(piece)
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> GenerateResult:
         decode_s = self.t_end - self.t_decode
         total_s = self.t_end - self.t_start
         prefill = len(self.prompt) - self.acquired.cached
-        return {
-            "text": self.stream.text,
-            "stop_reason": self.stop_reason,
-            "prompt_tokens": len(self.prompt),
-            "cached_tokens": self.acquired.cached,
-            "prefill_tokens": prefill,
-            "completion_tokens": self.generated,
-            "kv_source": self.acquired.source,
-            "kv_switch_ms": self.acquired.switch_ms,
-            "shared_tokens": self.acquired.shared,
-            "ttft_s": round(self.ttft if self.ttft is not None else total_s, 4),
-            "prefill_tps": round(prefill / self.prefill_s, 1) if self.prefill_s > 0 else None,
-            "decode_tps": round(self.generated / decode_s, 1) if self.generated and decode_s > 0 else None,
-            "total_s": round(total_s, 4),
-            "draft_tokens": self.drafted,
-            "accepted_tokens": self.accepted,
-            "forced_tokens": self.forced,
-            "peak_batch": self.peak_batch,
-            "priority": self.request.priority,
-            "pauses": self.pauses,
-            "model": self.model,
-            "model_load_ms": self.load_ms,
-            **self.request.stats,
-        }
+        return GenerateResult(text=self.stream.text, stats=Stats(
+            stop_reason=self.stop_reason,
+            prompt_tokens=len(self.prompt),
+            cached_tokens=self.acquired.cached,
+            prefill_tokens=prefill,
+            completion_tokens=self.generated,
+            kv_source=self.acquired.source,
+            kv_switch_ms=self.acquired.switch_ms,
+            shared_tokens=self.acquired.shared,
+            ttft_s=round(self.ttft if self.ttft is not None else total_s, 4),
+            prefill_tps=round(prefill / self.prefill_s, 1) if self.prefill_s > 0 else None,
+            decode_tps=round(self.generated / decode_s, 1) if self.generated and decode_s > 0 else None,
+            total_s=round(total_s, 4),
+            draft_tokens=self.drafted,
+            accepted_tokens=self.accepted,
+            forced_tokens=self.forced,
+            peak_batch=self.peak_batch,
+            priority=self.request.priority,
+            pauses=self.pauses,
+            model=self.model,
+            model_load_ms=self.load_ms,
+            prepare_ms=self.request.prepare_ms,
+        ))
 
 
 def fair_shares(needs: list[int], budget: int) -> list[int]:
@@ -269,7 +268,7 @@ class Scheduler:
         """A scheduler over ``cfg``'s model without a service around it (benchmarks use it with ``complete``)."""
         return cls(ModelPool(cfg, Engine), structlog.get_logger("scheduler"))
 
-    def complete(self, prompt: str | list[int], params: GenerateParams, **request: Any) -> dict[str, Any]:
+    def complete(self, prompt: str | list[int], params: GenerateParams, **request: Any) -> GenerateResult:
         """Run one generation to its end on the calling thread, without a service (benchmarks use it); the
         result, or its error raised. ``request``: more ``GenerationRequest`` fields (session, constraint...)."""
         outcome: list = []

@@ -110,6 +110,6 @@ class InferenceService(Service):
     def _client(job: Job) -> str:
         """The client a generation counts against: the named tenant or CURVE identity, else the connection."""
         req: Request = job.request
-        if req.body.get("owner") or req.peer != "local":
+        if req.owner or req.peer != "local":
             return owner(req)
         return "connection:" + job.header[0].hex()

@@ -25,10 +25,10 @@ import jsonschema
 
 from services.inference.constraint import Trigger, Vocabulary, check_schema, compile_lark, json_lark
 from services.inference.patterns import linear_validator
-from shared.protocol import MAX_TOOL_NAME_CHARS, MAX_TOOLS, MAX_TOOLS_BYTES, ErrorCode, ProtocolError
+from shared import protocol
+from shared.protocol import MAX_TOOLS_BYTES, ErrorCode, ProtocolError
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
-_NAME = re.compile(rf"^[A-Za-z0-9_.\-]{{1,{MAX_TOOL_NAME_CHARS}}}$")
 _FENCE = re.compile(r"```([^`\n]*)\n")
 _DECODER = json.JSONDecoder()
 #: A bare or fenced call at the start of the reply (its braces maybe doubled), recognised once "name" is written.
@@ -46,21 +46,14 @@ class Tool:
     validator: Any  # a jsonschema validator of the parameters
 
 
-def tool_table(tools: Any) -> dict[str, Tool]:
-    """The request's ``tools`` (OpenAI shape), checked: names, schemas (bounded, valid), no duplicates."""
-    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
-        raise _bad(f"tools must be a list of at most {MAX_TOOLS} tools")
+def tool_table(tools: list[protocol.Tool]) -> dict[str, Tool]:
+    """The request's ``tools`` (their shape checked as the body was decoded), checked as schemas (bounded, valid,
+    not too big together) with no two of one name."""
     table: dict[str, Tool] = {}
     total = 0
     for i, tool in enumerate(tools):
-        fn = tool.get("function") if isinstance(tool, dict) and tool.get("type", "function") == "function" else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not _NAME.match(fn["name"]):
-            raise _bad(f"tools[{i}] must be {{type: function, function: {{name, description?, parameters?}}}} "
-                       f"with a name of letters, digits, _ . - (1-64)")
-        if not isinstance(fn.get("description", ""), str):
-            raise _bad(f"tools[{i}].function.description must be a string")
-        params = fn.get("parameters")
-        params = {"type": "object", "properties": {}} if params is None else params
+        fn = tool.function
+        params = {"type": "object", "properties": {}} if fn.parameters is None else fn.parameters
         check_schema(params, f"tools[{i}].function.parameters")
         total += len(json.dumps(params))
         if total > MAX_TOOLS_BYTES:
@@ -69,9 +62,9 @@ def tool_table(tools: Any) -> dict[str, Tool]:
             validator = linear_validator(params)
         except jsonschema.SchemaError as err:
             raise _bad(f"tools[{i}].function.parameters is not a valid JSON schema: {err.message[:200]}") from None
-        if fn["name"] in table:
-            raise _bad(f"tools[{i}]: two tools are named {fn['name']!r}")
-        table[fn["name"]] = Tool(fn["name"], params, validator)
+        if fn.name in table:
+            raise _bad(f"tools[{i}]: two tools are named {fn.name!r}")
+        table[fn.name] = Tool(fn.name, params, validator)
     return table
 
 
@@ -122,11 +115,9 @@ class ToolCall:
     arguments: str  # JSON text (the model's own text when it does not parse)
     error: str | None = None  # why the call cannot be run as written (the agent feeds it back)
 
-    def wire(self, call_id: str) -> dict:
-        out = {"id": call_id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
-        if self.error:
-            out["error"] = self.error
-        return out
+    def wire(self, call_id: str) -> protocol.ToolCall:
+        return protocol.ToolCall(id=call_id, type="function", function=protocol.CalledFunction(name=self.name, arguments=self.arguments),
+                                 error=self.error or None)
 
 
 @dataclass

@@ -300,7 +300,7 @@ class Service:
             frontend.send_multipart(header + [encode_error(err.request_id, err.code, err.message)])
             return
         spec = MESSAGES[req.type]
-        if spec.needs_trusted_peer(req.body) and not self._peers_authenticated:
+        if spec.needs_trusted_peer(req) and not self._peers_authenticated:
             self.log.warning("unauthorized", type=req.type, endpoint=self.endpoint)
             self._account(req.type, received_at, ErrorCode.UNAUTHORIZED)
             what = "changes the box" if spec.privileged else "names an owner (speaks for another client)"

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import msgpack
 import zmq
 
-from shared.protocol import ErrorCode, ProtocolError, Request, encode_error, encode_reply, internal_error
+from shared.protocol import ErrorCode, ProtocolError, Request, Result, encode_error, encode_reply, internal_error
 
 
 @dataclass
@@ -48,7 +48,7 @@ class Answer:
     def __init__(self, job: Job, out: zmq.Socket, service: str, log: Any):
         self.job, self._out, self._service, self._log = job, out, service, log
 
-    def send(self, kind: str, body: dict) -> None:
+    def send(self, kind: str, body: dict | Result) -> None:
         """An ``event`` or the final ``ok`` frame."""
         self._frame(kind, encode_reply(self.job.request.id, kind, body))
 

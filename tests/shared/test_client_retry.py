@@ -120,7 +120,7 @@ def test_retry_resends_the_same_id_on_busy_but_never_on_bad_request(endpoint):
 
 def test_stream_restarts_after_a_crash_and_says_so(endpoint):
     service = ScriptedService(endpoint, [[("event", {"text": "half "}), CRASH],
-                                         [("event", {"text": "whole"}), ("ok", {"text": "whole"})]])
+                                         [("event", {"text": "whole"}), ("ok", {"text": "whole", "stats": {}})]])
     with Client(endpoint, timeout_s=10) as client:
         pieces = list(client.generate_stream("plan", "s1", retry=Retry(deadline_s=10, first_backoff_s=0.05)))
     assert pieces[0] == "half " and isinstance(pieces[1], Restart) and pieces[1].code == "unavailable"
@@ -141,7 +141,7 @@ def test_service_staying_down_past_the_deadline_is_a_clear_error(endpoint):
 
 def test_async_stream_restarts_after_a_crash(endpoint):
     service = ScriptedService(endpoint, [[("event", {"text": "half "}), CRASH],
-                                         [("event", {"text": "whole"}), ("ok", {"text": "whole"})]])
+                                         [("event", {"text": "whole"}), ("ok", {"text": "whole", "stats": {}})]])
 
     async def run():
         client = AsyncClient(endpoint, timeout_s=10)

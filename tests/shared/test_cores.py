@@ -132,7 +132,7 @@ def test_a_holder_that_never_lets_go_costs_requests_busy_naming_it_never_the_ser
             assert inference.health()["ok"] and embedding.health()["ok"]
             holder.kill()
             holder.wait()
-            assert inference.generate("The robot", max_tokens=2).stats["completion_tokens"] == 2
+            assert inference.generate("The robot", max_tokens=2).stats.completion_tokens == 2
             assert embedding.request("embed", {"texts": ["the spare keys are in the blue bowl"]})["tokens"] > 0
         for svc in services:
             assert f'"holder_pid": {holder.pid}' in svc.log.read_text()  # the log says whom it waited for

@@ -48,7 +48,7 @@ def test_right_key_accepted_wrong_or_no_key_refused(curve_service):
     good = CurveKeys(home / "keys", "robot")
     with Client(svc.endpoint, timeout_s=30, curve=good) as client:
         assert client.health()["ok"]
-        assert client.generate("Hello", max_tokens=2).stats["completion_tokens"] >= 1
+        assert client.generate("Hello", max_tokens=2).stats.completion_tokens >= 1
     # An unauthorized keypair (right server key) and a client with no keys at all.
     (home / "other" / "server.key").unlink()
     (home / "other" / "server.key").write_bytes((home / "keys" / "server.key").read_bytes())

@@ -16,6 +16,7 @@ from scripts.bench.prompts import gemma_prompt
 from magnitude.stats_cli import histogram_quantile, restarts_by_service, summarize
 from shared.config import ConfigError, parse_config
 from shared.metrics import metrics_for
+from shared.protocol import Stats
 from shared.telemetry import validate_sample
 from tests.conftest import ServiceProcess, write_config
 from tests.magnitude.test_launcher import magnitude
@@ -58,8 +59,8 @@ def test_a_row_is_summarized_from_a_real_exposition():
     m.observe_request("generate", 0.01, "busy")
     stats = {"ttft_s": 0.04, "decode_tps": 40.0, "prefill_tps": 500.0,
              "prompt_tokens": 10, "prefill_tokens": 10, "completion_tokens": 5, "priority": "normal", "pauses": 0}
-    m.observe_generation({**stats, "cached_tokens": 0})
-    m.observe_generation({**stats, "cached_tokens": 8, "prefill_tokens": 2, "priority": "interactive"})
+    m.observe_generation(Stats(**stats, cached_tokens=0))
+    m.observe_generation(Stats(**{**stats, "cached_tokens": 8, "prefill_tokens": 2, "priority": "interactive"}))
     row = summarize("inference", m.exposition()["text"])
     assert row["requests"] == 5 and row["errors"] == {"busy": 1} and row["queue_depth"] == 3
     assert 10 <= row["p50_ms"] <= 25 and 100 <= row["p95_ms"] <= 250
@@ -198,17 +199,17 @@ def test_generation_counters_move_by_the_right_amounts(inference_service):
 
     def moved(name, **labels):
         return sample(after, name, **labels) - sample(before, name, **labels)
-    assert step1["cached_tokens"] == 0 and step2["cached_tokens"] > 0
+    assert step1.cached_tokens == 0 and step2.cached_tokens > 0
     assert moved("magnitude_requests_total", type="generate") == 2
     assert moved("magnitude_prefix_cache_requests_total", result="hit") == 1
     assert moved("magnitude_prefix_cache_requests_total", result="miss") == 1
     for kind in ("prompt", "cached", "prefill", "completion"):
-        assert moved("magnitude_generation_tokens_total", kind=kind) == step1[f"{kind}_tokens"] + step2[f"{kind}_tokens"]
+        assert moved("magnitude_generation_tokens_total", kind=kind) == getattr(step1, f"{kind}_tokens") + getattr(step2, f"{kind}_tokens")
     assert moved("magnitude_ttft_seconds_count", priority="normal") == 2  # the default class
-    assert moved("magnitude_ttft_seconds_sum", priority="normal") == pytest.approx(step1["ttft_s"] + step2["ttft_s"],
+    assert moved("magnitude_ttft_seconds_sum", priority="normal") == pytest.approx(step1.ttft_s + step2.ttft_s,
                                                                                   abs=1e-3)
     assert moved("magnitude_decode_tokens_per_second_count", priority="normal") == \
-        sum(s["decode_tps"] is not None for s in (step1, step2))
+        sum(s.decode_tps is not None for s in (step1, step2))
     with Client(inference_service.endpoint, timeout_s=120) as client:
         client.generate(gemma_prompt(history), None, max_tokens=2, temperature=0, priority="background")
     last = scrape(url)

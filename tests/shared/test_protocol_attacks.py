@@ -8,7 +8,7 @@ import pickle
 import msgpack
 import pytest
 
-from shared.protocol import ErrorCode, ProtocolError, decode_request
+from shared.protocol import PROTOCOL_VERSION, ErrorCode, ProtocolError, decode_request
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.security
@@ -31,9 +31,9 @@ def test_no_pickle_and_no_objects_come_off_the_wire():
             if isinstance(node, ast.keyword) and node.arg == "allow_pickle":
                 assert isinstance(node.value, ast.Constant) and node.value.value is False, path
     for value in (msgpack.ExtType(42, pickle.dumps(print)), msgpack.ExtType(1, b"")):
-        frame = msgpack.packb({"v": 1, "id": "x", "type": "health", "body": {"payload": value}})
+        frame = msgpack.packb({"v": PROTOCOL_VERSION, "id": "x", "type": "health", "body": {"payload": value}})
         with pytest.raises(ProtocolError) as info:
             decode_request(frame, max_frame_bytes=1 << 20, handled={"health"})
         assert info.value.code == ErrorCode.BAD_FRAME
-    stamp = msgpack.packb({"v": 1, "id": "x", "type": "health", "body": {"at": msgpack.Timestamp(1, 5)}})
+    stamp = msgpack.packb({"v": PROTOCOL_VERSION, "id": "x", "type": "health", "body": {"at": msgpack.Timestamp(1, 5)}})
     assert decode_request(stamp, max_frame_bytes=1 << 20, handled={"health"}).body["at"] == 1_000_000_005

@@ -27,7 +27,7 @@ def test_sigterm_finishes_in_flight_request_then_exits(tmp_path_factory):
                 pass
             svc.proc.send_signal(signal.SIGTERM)
             reply = client.recv_reply("inflight")
-            assert reply.kind == "ok" and reply.body["completion_tokens"] > 0
+            assert reply.kind == "ok" and reply.body["stats"]["completion_tokens"] > 0
         assert svc.proc.wait(30) == 0
         assert not [s for s in shm.list_segments() if s.startswith(f"mag_{svc.proc.pid}_")]
     finally:
@@ -51,8 +51,8 @@ def test_sigterm_during_the_very_first_prefill_still_answers(tmp_path_factory):
             svc.proc.send_signal(signal.SIGTERM)
             signalled = time.monotonic() - sent
             reply = client.recv_reply("first")
-            assert reply.kind == "ok" and reply.body["completion_tokens"] > 0
-            assert reply.body["prompt_tokens"] > 1000 and reply.body["ttft_s"] > signalled  # stopped mid-prefill
+            assert reply.kind == "ok" and reply.body["stats"]["completion_tokens"] > 0
+            assert reply.body["stats"]["prompt_tokens"] > 1000 and reply.body["stats"]["ttft_s"] > signalled  # stopped mid-prefill
         assert svc.proc.wait(30) == 0
     finally:
         svc.stop()

@@ -135,7 +135,7 @@ def test_the_scheduler_thread_never_runs_service_code(tmp_path, monkeypatch):
     try:
         with Client.for_service("inference", config, timeout_s=60) as client:
             pieces = list(client.generate_stream("The robot drove to the", "s1", max_tokens=8, temperature=0))
-            assert pieces[-1].stats["completion_tokens"] == 8
+            assert pieces[-1].stats.completion_tokens == 8
             stream = client.generate_stream("Once upon a time", "s2", max_tokens=200, temperature=0)
             next(stream)
             stream.close()  # cancels it, mid-generation

@@ -120,7 +120,7 @@ def bench_model(name: str, model_path: Path, tasks: list[Task], memories: list[s
                 try:
                     with Client.for_service("inference", config) as inference:
                         result["decode_tps"] = inference.generate("Count from one to twenty in words:", max_tokens=48,
-                                                                  temperature=0).stats.get("decode_tps")
+                                                                  temperature=0).stats.decode_tps
                     if "magnitude" in args.systems:
                         result["magnitude"] = run_magnitude(config, tasks, name)
                     if "http" in args.systems:

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
 import asyncio
 import json
 import os
 import subprocess
 import sys
 
+import msgspec
 import pytest
 
 from magnitude.agent import Agent, AsyncAgent, submit_feedback
 from services.agent.loop import _SUMMARY_PROMPT, Request, _mentions, Run
 from shared.client import AsyncClient, Client, ServiceError
 from shared.config import parse_config
-from tests.conftest import REPO, ServiceProcess, make_config, write_config
+from tests.conftest import REPO, ServiceProcess, chat_reply, make_config, write_config
 
 CALCULATOR = {"name": "calculator", "kind": "builtin", "description": "Evaluate arithmetic.",
               "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
@@ -32,6 +34,7 @@ class Scripted:
         self.replies, self.advice, self.requests = list(replies), advice, []
 
     def __call__(self, req: Request):
+        req = dataclasses.replace(req, body=msgspec.to_builtins(req.body))  # as the wire carries it
         self.requests.append(req)
         if req.type == "tool.list":
             return {"tools": [CALCULATOR]}
@@ -52,8 +55,8 @@ class Scripted:
             return {"tool": "calculator", "output": "1081"}
         assert req.type == "chat", req
         if _SUMMARY_PROMPT in req.body["messages"][-1]["content"]:  # the budget's summarizer, outside the session
-            return {"message": {"role": "assistant", "content": "The user asked for arithmetic."}}
-        return {"message": self.replies.pop(0), "prompt_tokens": 300, "prefill_tokens": 100, "cached_tokens": 200}
+            return chat_reply({"role": "assistant", "content": "The user asked for arithmetic."})
+        return chat_reply(self.replies.pop(0), prompt_tokens=300, prefill_tokens=100, cached_tokens=200)
 
 
 def drive(run: Run, services: Scripted):
@@ -443,7 +446,7 @@ def test_first_prompt_holds_the_memories_relevant_to_the_goal(stack):
         trace = agent.run("Where are my spare house keys?", max_iterations=2)
     finally:
         agent.close()
-    first_prompt = chats.bodies[0]["messages"][1]["content"]
+    first_prompt = chats.bodies[0].messages[1].content  # the ChatRequest the agent sent
     assert "blue bowl" in first_prompt and "vaccination" not in first_prompt
     assert trace.memories == ["The spare house keys are in the blue bowl by the front door."]
     assert trace.stopped == "final_answer", trace

@@ -14,6 +14,7 @@ import sys
 from fnmatch import fnmatch
 from typing import get_args, get_type_hints
 
+import msgspec
 import pytest
 import structlog
 
@@ -25,9 +26,11 @@ from services.gateway.middleware import BodyLimit
 from services.gateway.replies import ChatShape, CompletionShape
 from services.gateway.schemas import ResponseEvent, ResponseRequest
 from services.gateway.upstream import Upstreams
-from shared.client import ServiceError
+from shared import protocol, shm
+from shared.client import Call, ServiceError
 from shared.config import dump_config, parse_config
 from shared.metrics import ServiceMetrics
+from shared.protocol import ChatRequest, ChatResult, decode_request
 from tests.conftest import REPO, stream_event_classes
 
 
@@ -148,11 +151,11 @@ def test_chat_stream_chunks_carry_text_tool_calls_and_usage_last():
     chunks = shape.opening() + shape.on_event({"text": "Let me check."})
     chunks += shape.on_event({"tool_call": {"index": 0, "id": "call_1", "name": "move_to",
                                             "arguments": '{"room": "kitchen"}'}})
-    final = {**FINAL_STATS, "finish_reason": "tool_calls", "message": {
+    final = {"stats": FINAL_STATS, "finish_reason": "tool_calls", "message": {
         "role": "assistant", "content": "Let me check.", "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "move_to", "arguments": '{"room": "kitchen"}'}},
             {"id": "call_2", "type": "function", "function": {"name": "look", "arguments": "{}"}}]}}
-    out = _dump(chunks + shape.closing(final))
+    out = _dump(chunks + shape.closing(shape.read(final)))
     assert out[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert out[1]["choices"][0]["delta"] == {"content": "Let me check."}
     assert out[2]["choices"][0]["delta"]["tool_calls"] == [{"index": 0, "id": "call_1", "type": "function", "function": {
@@ -169,7 +172,7 @@ def test_chat_stream_chunks_carry_text_tool_calls_and_usage_last():
 def test_include_usage_moves_usage_to_a_chunk_without_choices():
     shape = CompletionShape("m", include_usage=True, echo="Hi")
     out = _dump(shape.opening() + shape.on_event({"text": " there"}) + shape.closing(
-        {**FINAL_STATS, "text": " there", "stop_reason": "eos"}))
+        shape.read({"text": " there", "stats": {**FINAL_STATS, "stop_reason": "eos"}})))
     assert [c["choices"][0]["text"] for c in out[:-1]] == ["Hi", " there", ""]
     assert out[-2]["choices"][0]["finish_reason"] == "stop" and "usage" not in out[-2]
     assert out[-1]["choices"] == [] and out[-1]["usage"]["total_tokens"] == 25
@@ -189,8 +192,9 @@ def test_the_listening_socket_says_tcp_so_asyncio_turns_nagle_off():
 class _Recorded(Upstreams):
     """Inference and tools answered here: what each request carried is kept in ``sent``."""
 
-    REPLIES = {"generate": {**FINAL_STATS, "text": "ok", "stop_reason": "eos"},
-               "chat": {**FINAL_STATS, "finish_reason": "stop", "message": {"role": "assistant", "content": "ok"}},
+    REPLIES = {"generate": {"text": "ok", "stats": {**FINAL_STATS, "stop_reason": "eos"}},
+               "chat": {"stats": FINAL_STATS, "finish_reason": "stop",
+                        "message": {"role": "assistant", "content": "ok"}},
                "tool.list": {"tools": []}, "health": {"n_ctx": 2048}, "tokenize": {"tokens": [1, 2]}}
 
     def __init__(self, config):
@@ -239,7 +243,7 @@ def _post(app, path: str, body: dict, headers: dict[str, str] | None = None) -> 
 def test_priority_reaches_inference_from_the_body_or_the_header_and_the_body_wins(tmp_path):
     app, upstreams = _gateway(tmp_path)
     chat = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
-    cases = [("/v1/chat/completions", chat, {}, None),
+    cases = [("/v1/chat/completions", chat, {}, "normal"),  # the default, said
              ("/v1/chat/completions", {**chat, "priority": "interactive"}, {}, "interactive"),
              ("/v1/chat/completions", chat, {"X-Priority": "background"}, "background"),
              ("/v1/chat/completions", {**chat, "priority": "normal"}, {"X-Priority": "background"}, "normal"),
@@ -248,7 +252,7 @@ def test_priority_reaches_inference_from_the_body_or_the_header_and_the_body_win
     for path, body, headers, expected in cases:
         status, reply = _post(app, path, body, headers)
         assert status == 200, reply
-        assert upstreams.sent[-1][1].get("priority") == expected, (path, body, headers)
+        assert upstreams.sent[-1][1].priority == expected, (path, body, headers)
 
 
 def test_a_bad_priority_is_a_400_naming_it(tmp_path):
@@ -272,7 +276,54 @@ def test_every_model_step_of_a_response_run_has_its_priority(tmp_path):
         status, reply = _post(app, "/v1/responses", {**body, "store": False}, headers)
         assert status == 200 and reply["status"] == "completed", reply
         chats = [b for t, b in upstreams.sent if t == "chat"]
-        assert chats and all(b["priority"] == expected for b in chats), upstreams.sent
+        assert chats and all(b.priority == expected for b in chats), upstreams.sent
+
+
+class _Counting:
+    """``shared.protocol``'s encoder, counting the frames it encodes."""
+
+    def __init__(self, encoder):
+        self.encoder, self.frames = encoder, 0
+
+    def encode(self, value):
+        self.frames += 1
+        return self.encoder.encode(value)
+
+
+def test_a_chat_body_is_validated_once_on_each_side_of_the_gateway_to_inference_boundary(tmp_path, monkeypatch):
+    """The gateway's one validation of a chat is its HTTP model's (pydantic): it builds the wire struct from it,
+    with no msgspec validation of the request and no dict round trip; the frame is encoded once, its size read
+    from that encode (no size probe); inference validates it once, as it decodes it into ``ChatRequest``."""
+    conversions, convert = [], msgspec.convert
+
+    def counting(value, into, **kw):
+        conversions.append(into)
+        return convert(value, into, **kw)
+    monkeypatch.setattr(msgspec, "convert", counting)
+    encoder = _Counting(protocol._encoder)
+    monkeypatch.setattr(protocol, "_encoder", encoder)
+    app, upstreams = _gateway(tmp_path)
+    tool = {"type": "function", "function": {"name": "look", "parameters": {"type": "object"}}}
+    status, reply = _post(app, "/v1/chat/completions", {
+        "model": "m", "messages": [{"role": "user", "content": "hi"}], "tools": [tool], "tool_choice": "auto"})
+    assert status == 200, reply
+    [(msg_type, body)] = upstreams.sent
+    assert msg_type == "chat" and isinstance(body, ChatRequest) and body.tools[0].function.name == "look"
+    assert conversions == [ChatResult]  # the gateway's only msgspec validation: reading inference's reply
+    conversions.clear()
+    frame = Call("ipc://nowhere", "chat", body, "s1", None, 1.0).frame  # as the gateway's client sends it
+    assert encoder.frames == 1
+    request = decode_request(frame, max_frame_bytes=1 << 20, handled={"chat"})
+    assert conversions == [ChatRequest] and request.message == body  # inference: one validation, the same body
+    # A conversation over the inline limit: the frame said so, and its messages go in shared memory instead.
+    conversions.clear()
+    encoder.frames = 0
+    monkeypatch.setattr(shm, "INLINE_LIMIT_BYTES", 16)
+    spilled = decode_request(Call("ipc://nowhere", "chat", body, "s1", None, 1.0).frame, max_frame_bytes=1 << 20,
+                             handled={"chat"}).message
+    assert encoder.frames == 2 and spilled.messages is None and conversions == [ChatRequest]
+    data = shm.take_bytes(spilled.messages_shm, "s1", max_bytes=1 << 20)
+    assert protocol.decode_messages(data, "r1") == body.messages and conversions[1:] == [protocol.Messages]
 
 
 # --- docs/gateway.md's Responses API tables, against the code -------------------------------------------------

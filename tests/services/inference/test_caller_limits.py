@@ -81,6 +81,6 @@ def test_only_an_authenticated_peer_may_name_an_owner(tmp_path):
                 with pytest.raises(ServiceError) as err:
                     client.request(msg_type, {**body, "owner": "alice"}, "alice/notes")
                 assert err.value.code == "unauthorized" and "owner" in err.value.message, err.value
-            assert client.generate("The robot", max_tokens=1).stats["completion_tokens"] == 1
+            assert client.generate("The robot", max_tokens=1).stats.completion_tokens == 1
     finally:
         svc.stop()

@@ -8,12 +8,13 @@ import json
 
 import jinja2
 import jsonschema
+import msgspec
 import pytest
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from services.inference.prepare import Lexicon
 from services.inference.engine import Engine
-from shared.client import Client, ServiceError
+from shared.client import Client, ServiceError, chat_request
 from tests.conftest import CHAT_MODEL_PATH, MODEL_PATH, ServiceProcess, make_config, require_model, write_config
 
 pytestmark = pytest.mark.model
@@ -52,7 +53,7 @@ def engine(run_home):
 
 
 def _prompt(engine: Engine, messages: list[dict], tools: list | None = None) -> list[int]:
-    return _lexicon(engine.model_path).chat_turn({"messages": messages, "tools": tools}).prompt
+    return _lexicon(engine.model_path).chat_turn(chat_request(messages, tools=tools)).prompt
 
 
 @functools.lru_cache
@@ -75,7 +76,7 @@ def test_a_chat_is_rendered_with_the_gguf_template(engine, chat_client):
     assert _prompt(engine, messages, TOOLS) == expected
     reply = chat_client.request("chat", {"messages": messages, "max_tokens": 16, "temperature": 0})
     assert reply["finish_reason"] in ("stop", "length") and reply["message"]["content"].strip()
-    assert reply["message"]["tool_calls"] == [] and reply["model"] == "default"
+    assert reply["message"]["tool_calls"] == [] and reply["stats"]["model"] == "default"
 
 
 def test_tool_output_carrying_control_tokens_stays_text(engine):
@@ -105,7 +106,7 @@ def test_a_native_tool_call_is_parsed_validated_and_streamed_as_a_call(chat_clie
                          "arguments": call["function"]["arguments"]}]
     text = "".join(e.body.get("text", "") for e in events[:-1])
     assert "<tool_call>" not in text and text == (final["message"]["content"] or "")
-    assert final["forced_tokens"] > 0  # the call's frame came from the grammar, not from sampling
+    assert final["stats"]["forced_tokens"] > 0  # the call's frame came from the grammar, not from sampling
 
 
 def test_session_reuse_never_changes_a_reply(chat_client):
@@ -125,10 +126,10 @@ def test_session_reuse_never_changes_a_reply(chat_client):
         assert reused["message"]["content"] == cold["message"]["content"], i
         assert [(c["function"]["name"], c["function"]["arguments"]) for c in reused["message"]["tool_calls"]] == \
                [(c["function"]["name"], c["function"]["arguments"]) for c in cold["message"]["tool_calls"]], i
-        assert cold["cached_tokens"] == 0
+        assert cold["stats"]["cached_tokens"] == 0
         if i:  # everything up to the reply is the earlier turn's prompt, rendered the same: reused
-            assert reused["cached_tokens"] >= previous_prompt > 0, (i, reused)
-        previous_prompt = reused["prompt_tokens"]
+            assert reused["stats"]["cached_tokens"] >= previous_prompt > 0, (i, reused)
+        previous_prompt = reused["stats"]["prompt_tokens"]
         messages.append(reused["message"])
         for call, result in zip(reused["message"]["tool_calls"], results[i:]):
             messages.append({"role": "tool", "tool_call_id": call["id"], "content": result})
@@ -180,14 +181,14 @@ def test_client_chat_gives_the_same_turn_whether_messages_travel_inline_or_in_sh
     from shared import shm
     ask = dict(tools=TOOLS, max_tokens=48, temperature=0, seed=0)
     inline = chat_client.chat(ASK, **ask)
-    assert inline.finish_reason == "tool_calls" and inline.tool_calls[0]["function"]["name"] == "calculator"
+    assert inline.finish_reason == "tool_calls" and inline.tool_calls[0].function.name == "calculator"
     monkeypatch.setattr(shm, "INLINE_LIMIT_BYTES", 16)  # every conversation is "long" now
     shared = chat_client.chat(ASK, **ask)
-    assert shared.message == {**inline.message, "tool_calls": [
-        {**call, "id": shared.tool_calls[i]["id"]} for i, call in enumerate(inline.tool_calls)]}
+    assert shared.message == msgspec.structs.replace(inline.message, tool_calls=[
+        msgspec.structs.replace(call, id=shared.tool_calls[i].id) for i, call in enumerate(inline.tool_calls)])
     streamed = list(chat_client.chat_stream(ASK, **ask))
     assert [p["name"] for p in streamed if isinstance(p, dict)] == ["calculator"]
-    assert streamed[-1].message["tool_calls"][0]["function"] == inline.tool_calls[0]["function"]
+    assert streamed[-1].message.tool_calls[0].function == inline.tool_calls[0].function
 
 
 def test_a_conversation_too_long_for_the_context_is_a_clear_error_in_shared_memory_too(chat_client):

@@ -39,7 +39,7 @@ def test_hot_settings_apply_without_a_rebuild(client):
     assert reply["reloaded"] is False and reply["settings"]["n_threads"] == 1
     assert reply["settings"]["prefill_chunk_size"] == 64 and reply["settings_id"] != before["settings_id"]
     assert client.health()["settings_id"] == reply["settings_id"]
-    assert client.generate("The robot moved to the", max_tokens=8, temperature=0).stats["completion_tokens"] > 0
+    assert client.generate("The robot moved to the", max_tokens=8, temperature=0).stats.completion_tokens > 0
     configure(client, **{k: before["settings"][k] for k in ("n_threads", "prefill_chunk_size")})
 
 
@@ -49,7 +49,7 @@ def test_rebuilding_settings_keep_the_service_and_answer_the_same_text(client):
     reply = configure(client, max_batch_size=256, prefill_chunk_size=128)
     assert reply["reloaded"] is True and reply["settings"]["max_batch_size"] == 256
     again = client.generate(prompt, "rebuild", max_tokens=12, temperature=0)
-    assert again.text == step.text and again.stats["kv_source"] == "cold"  # a rebuild forgets cached KV
+    assert again.text == step.text and again.stats.kv_source == "cold"  # a rebuild forgets cached KV
     assert configure(client, max_batch_size=512, prefill_chunk_size=256)["reloaded"] is True
 
 
@@ -82,9 +82,9 @@ def test_speculative_drafting_gives_the_same_text_with_fewer_decode_steps(client
     finally:
         configure(client, spec_draft_tokens=0)
     assert drafted.text == plain.text
-    assert drafted.stats["completion_tokens"] == plain.stats["completion_tokens"]
-    assert plain.stats["draft_tokens"] == 0
-    assert drafted.stats["accepted_tokens"] > 0, drafted.stats
+    assert drafted.stats.completion_tokens == plain.stats.completion_tokens
+    assert plain.stats.draft_tokens == 0
+    assert drafted.stats.accepted_tokens > 0, drafted.stats
 
 
 def test_a_draft_model_proposes_and_the_target_keeps_its_text(client):
@@ -97,17 +97,17 @@ def test_a_draft_model_proposes_and_the_target_keeps_its_text(client):
         configure(client, spec_draft_tokens=0, spec_drafter="lookup")
     assert drafted.text == plain.text
     # The draft model is the target model here, so its greedy drafts are (nearly) always right.
-    assert drafted.stats["accepted_tokens"] >= drafted.stats["draft_tokens"] * 0.8 > 0, drafted.stats
-    assert follow_up.stats["completion_tokens"] > 0
+    assert drafted.stats.accepted_tokens >= drafted.stats.draft_tokens * 0.8 > 0, drafted.stats
+    assert follow_up.stats.completion_tokens > 0
 
 
 def test_requests_name_a_resident_model_and_switching_costs_no_reload(client):
     first = client.generate("The hallway light is", max_tokens=6, temperature=0, model="fast")
-    assert first.stats["model"] == "fast"
+    assert first.stats.model == "fast"
     again = client.generate("The hallway light is", max_tokens=6, temperature=0, model="fast")
     default = client.generate("The hallway light is", max_tokens=6, temperature=0)
-    assert again.stats["model_load_ms"] == 0 and default.stats["model_load_ms"] == 0
-    assert default.stats["model"] == "default" and again.text == default.text  # the same GGUF twice
+    assert again.stats.model_load_ms == 0 and default.stats.model_load_ms == 0
+    assert default.stats.model == "default" and again.text == default.text  # the same GGUF twice
     listing = client.request("model.list")
     assert {m["name"] for m in listing["models"] if m["resident"]} == {"default", "fast"}
     switched = client.request("model.switch", {"name": "fast"})
@@ -121,4 +121,4 @@ def test_unknown_model_is_not_found_and_unload_then_reload(client):
     assert err.value.code == "not_found"
     assert client.request("model.unload", {"name": "fast"})["unloaded"] is True
     back = client.generate("The door is", max_tokens=4, temperature=0, model="fast")
-    assert back.stats["model_load_ms"] > 0 and client.health()["ok"]
+    assert back.stats.model_load_ms > 0 and client.health()["ok"]

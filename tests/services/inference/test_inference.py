@@ -24,23 +24,23 @@ def test_generate_returns_real_text_streamed(client):
     text_pieces = pieces[:-1]
     assert isinstance(result, GenerateResult) and len(text_pieces) >= 3
     assert "".join(text_pieces) == result.text and len(result.text.split()) >= 3
-    assert result.stats["completion_tokens"] > 0 and result.stats["ttft_s"] > 0
+    assert result.stats.completion_tokens > 0 and result.stats.ttft_s > 0
 
 
 def test_session_step_two_reuses_prefix_and_matches_cold_run(client):
     session = "reuse-test"
     # cache_prompt=False: computed from scratch (the first test left this prompt's KV in a slot to share)
     step1 = client.generate(gemma_prompt(HISTORY), session, max_tokens=32, temperature=0, cache_prompt=False)
-    assert step1.stats["cached_tokens"] == 0 and step1.stats["kv_source"] == "cold"
+    assert step1.stats.cached_tokens == 0 and step1.stats.kv_source == "cold"
     history = HISTORY + [("model", step1.text), ("user", "Which of them is the heaviest?")]
     prompt2 = gemma_prompt(history)
     step2 = client.generate(prompt2, session, max_tokens=32, temperature=0)
     s = step2.stats
-    assert s["kv_source"] == "resident" and s["cached_tokens"] > step1.stats["prompt_tokens"] // 2
-    assert s["prefill_tokens"] == s["prompt_tokens"] - s["cached_tokens"]
-    assert s["prefill_tokens"] < 40  # only the new turn (+ a token or two at the seam), not the history
+    assert s.kv_source == "resident" and s.cached_tokens > step1.stats.prompt_tokens // 2
+    assert s.prefill_tokens == s.prompt_tokens - s.cached_tokens
+    assert s.prefill_tokens < 40  # only the new turn (+ a token or two at the seam), not the history
     cold = client.generate(prompt2, None, max_tokens=32, temperature=0, cache_prompt=False)
-    assert cold.stats["cached_tokens"] == 0 and cold.stats["prefill_tokens"] == cold.stats["prompt_tokens"]
+    assert cold.stats.cached_tokens == 0 and cold.stats.prefill_tokens == cold.stats.prompt_tokens
     assert cold.text == step2.text
 
 
@@ -52,8 +52,8 @@ def test_interleaved_sessions_beyond_slots_are_parked_and_restored(client):
     for name, p in prompts.items():
         follow = p + first[name].text + "<end_of_turn>\n" + gemma_prompt([("user", "And another?")])
         again = client.generate(follow, name, max_tokens=12, temperature=0)
-        assert again.stats["kv_source"] in ("resident", "restored")
-        assert again.stats["cached_tokens"] >= first[name].stats["prompt_tokens"]
+        assert again.stats.kv_source in ("resident", "restored")
+        assert again.stats.cached_tokens >= first[name].stats.prompt_tokens
         cold = client.generate(follow, None, max_tokens=12, temperature=0, cache_prompt=False)
         assert again.text == cold.text
     overview = client.request("sessions", session="ia")
@@ -63,9 +63,9 @@ def test_interleaved_sessions_beyond_slots_are_parked_and_restored(client):
 
 def test_stop_sequences_and_max_tokens(client):
     r = client.generate("Count: 1, 2, 3, 4, 5, 6, 7, 8,", max_tokens=40, temperature=0, stop=[" 12"])
-    assert r.stats["stop_reason"] == "stop" and " 12" not in r.text and "11" in r.text
+    assert r.stats.stop_reason == "stop" and " 12" not in r.text and "11" in r.text
     r = client.generate("Count: 1, 2, 3,", max_tokens=3, temperature=0)
-    assert r.stats["stop_reason"] == "length" and r.stats["completion_tokens"] == 3
+    assert r.stats.stop_reason == "length" and r.stats.completion_tokens == 3
 
 
 def test_sampling_with_seed_is_reproducible(client):
@@ -102,7 +102,7 @@ def test_prompt_shm_of_another_session_is_refused(client):
 def test_session_drop(client):
     client.generate("Hello", "drop-me", max_tokens=2)
     assert client.request("session.drop", session="drop-me")["dropped"] is True
-    assert client.generate("Hello", "drop-me", max_tokens=2).stats["kv_source"] == "cold"
+    assert client.generate("Hello", "drop-me", max_tokens=2).stats.kv_source == "cold"
 
 
 def test_async_client_streams(inference_service):
@@ -122,7 +122,7 @@ def test_concurrent_sessions_are_batched_and_match_sequential_output(inference_s
     prompts = {f"batch-{i}": gemma_prompt([("user", f"Write a sentence about {topic}.")])
                for i, topic in enumerate(("rivers", "robots"))}
     sequential = {s: client.generate(p, None, max_tokens=24, temperature=0) for s, p in prompts.items()}
-    assert all(r.stats["peak_batch"] == 1 for r in sequential.values())  # alone: one generation per step
+    assert all(r.stats.peak_batch == 1 for r in sequential.values())  # alone: one generation per step
     results = {}
 
     def run(session, prompt):
@@ -135,5 +135,5 @@ def test_concurrent_sessions_are_batched_and_match_sequential_output(inference_s
     for t in threads:
         t.join()
     # Each request says how many generations shared a decode step with it: both ran in the same steps.
-    assert all(r.stats["peak_batch"] == 2 for r in results.values()), {s: r.stats for s, r in results.items()}
+    assert all(r.stats.peak_batch == 2 for r in results.values()), {s: r.stats for s, r in results.items()}
     assert {s: r.text for s, r in results.items()} == {s: r.text for s, r in sequential.items()}

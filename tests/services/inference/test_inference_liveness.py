@@ -62,7 +62,7 @@ def test_a_dead_scheduler_loop_reads_unhealthy_and_the_watchdog_restarts_inferen
                            60, "the real service is healthy again")
         assert new_pid != fragile.pid
         with Client.for_service("inference", config, timeout_s=60) as client:
-            assert client.generate("The robot drove to the", max_tokens=4, temperature=0).stats["completion_tokens"]
+            assert client.generate("The robot drove to the", max_tokens=4, temperature=0).stats.completion_tokens
     finally:
         process.stop(config, "inference")
         if fragile.poll() is None:

@@ -75,7 +75,7 @@ def uninterrupted(service) -> list[str]:
     """The 4 long generations' texts when nothing else runs beside them."""
     runs = fill_every_slot(service, owner="key-a")
     texts = finish(runs)
-    assert all(run.result.stats["pauses"] == 0 for run in runs)
+    assert all(run.result.stats.pauses == 0 for run in runs)
     return texts
 
 
@@ -92,11 +92,11 @@ def test_another_keys_short_request_finishes_before_one_keys_long_generations(se
     sent = time.monotonic()
     _, answered = short_request(service, owner="key-b")
     texts = finish(runs)
-    assert all(run.result.stats["completion_tokens"] == 250 for run in runs)
+    assert all(run.result.stats.completion_tokens == 250 for run in runs)
     assert answered < min(run.ended for run in runs)
     a_seconds = max(run.ended for run in runs) - sent
     assert answered - sent < a_seconds / 4, (answered - sent, a_seconds)
-    assert sorted(run.result.stats["pauses"] for run in runs) == [0, 0, 0, 1]
+    assert sorted(run.result.stats.pauses for run in runs) == [0, 0, 0, 1]
     assert texts == uninterrupted  # the paused one too: same tokens as never paused
     REPORT.append(f"priority: key B's 4-token request answered in {answered - sent:.2f}s while key A's "
                   f"{SLOTS} x 250-token generations took {a_seconds:.1f}s")
@@ -107,9 +107,9 @@ def test_an_interactive_request_pauses_a_background_generation(service, uninterr
     runs = fill_every_slot(service, owner="key-a", priority="background")
     short, answered = short_request(service, owner="key-a", priority="interactive")
     texts = finish(runs)
-    assert short.stats["priority"] == "interactive" and short.stats["completion_tokens"] == 4
+    assert short.stats.priority == "interactive" and short.stats.completion_tokens == 4
     assert answered < min(run.ended for run in runs)
-    assert sum(run.result.stats["pauses"] for run in runs) == 1
+    assert sum(run.result.stats.pauses for run in runs) == 1
     assert texts == uninterrupted
 
 
@@ -126,7 +126,7 @@ def test_an_interactive_prompt_is_read_before_background_ones(service):
     interactive = Generation(service, documents[3], max_tokens=4, priority="interactive")
     interactive.start()
     finish([*background, interactive])
-    assert interactive.result.stats["prompt_tokens"] > 600
+    assert interactive.result.stats.prompt_tokens > 600
     assert interactive.first < min(run.first for run in background), \
         (interactive.first, [run.first for run in background])
 
@@ -141,7 +141,7 @@ def test_within_a_class_one_key_takes_no_slot_from_another_at_its_share(service)
         assert run.decoding.wait(120)
     short, answered = short_request(service, owner="key-a")
     finish(runs)
-    assert all(run.result.stats["pauses"] == 0 for run in runs)
+    assert all(run.result.stats.pauses == 0 for run in runs)
     assert answered >= min(run.ended for run in runs)
 
 
@@ -168,7 +168,7 @@ def test_aging_lets_a_background_request_through_continuous_interactive_load(tmp
         result, done = short_request(svc, priority="background")
         for thread in load:
             thread.join(120)
-        assert result.stats["completion_tokens"] == 4
+        assert result.stats.completion_tokens == 4
         assert done < max(answered) and sum(t > done for t in answered) >= SLOTS, (done, answered)
 
 
@@ -190,9 +190,9 @@ def test_an_interactive_generation_keeps_its_pace_beside_background_ones(service
         assert run.decoding.wait(120)
     beside = interactive()
     finish(runs)
-    assert all(run.result.stats["completion_tokens"] == 250 for run in runs)
-    assert beside.text == alone.text and beside.stats["completion_tokens"] == 64
-    ratio = beside.stats["decode_tps"] / alone.stats["decode_tps"]
-    assert ratio >= 0.6, (beside.stats["decode_tps"], alone.stats["decode_tps"])
+    assert all(run.result.stats.completion_tokens == 250 for run in runs)
+    assert beside.text == alone.text and beside.stats.completion_tokens == 64
+    ratio = beside.stats.decode_tps / alone.stats.decode_tps
+    assert ratio >= 0.6, (beside.stats.decode_tps, alone.stats.decode_tps)
     REPORT.append(f"priority: interactive decode beside 3 background generations at {ratio:.2f}x of alone "
                   f"({beside.stats['decode_tps']} / {alone.stats['decode_tps']} tok/s)")

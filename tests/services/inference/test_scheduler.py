@@ -77,7 +77,7 @@ def test_output_in_mixed_batches_is_the_text_alone(service, client):
     reader.join(120)
     after = scheduler_counters(client)
     assert after["mixed_steps"] - before["mixed_steps"] >= 5, (before, after)  # prompt chunks beside decodes
-    assert decoder.result.stats["peak_batch"] == 2 and reader.result.stats["peak_batch"] == 2
+    assert decoder.result.stats.peak_batch == 2 and reader.result.stats.peak_batch == 2
     assert {"talk": decoder.result.text, "long": reader.result.text} == alone
 
 
@@ -91,8 +91,8 @@ def test_decodes_keep_flowing_while_a_long_prompt_is_read_and_the_prompt_keeps_m
     reader.start()
     reader.join(180)
     decoder.join(180)
-    prompt_tokens = reader.result.stats["prompt_tokens"]
-    first_token = reader.times[0] if reader.times else sent + reader.result.stats["ttft_s"]
+    prompt_tokens = reader.result.stats.prompt_tokens
+    first_token = reader.times[0] if reader.times else sent + reader.result.stats.ttft_s
     during = [t for t in decoder.times if sent <= t <= first_token]
     gaps = [b - a for a, b in zip(during, during[1:])]
     # The long prompt took many steps; the generation got a token in (nearly) every one of them ...
@@ -119,11 +119,11 @@ def test_new_sessions_compute_a_shared_system_prompt_once(service, client):
         t.start()
     for t in threads:
         t.join(120)
-    stats = sorted((r.stats for r in results.values()), key=lambda s: -s["prefill_tokens"])
+    stats = sorted((r.stats for r in results.values()), key=lambda s: -s.prefill_tokens)
     leader, followers = stats[0], stats[1:]
-    assert leader["kv_source"] == "cold" and leader["prefill_tokens"] > 250, leader
+    assert leader.kv_source == "cold" and leader.prefill_tokens > 250, leader
     for s in followers:  # they waited for the leader's prefix and copied it
-        assert s["kv_source"] == "shared" and s["shared_tokens"] > 250 and s["prefill_tokens"] < 20, s
+        assert s.kv_source == "shared" and s.shared_tokens > 250 and s.prefill_tokens < 20, s
     assert scheduler_counters(client)["shared_prefix_tokens"] - before["shared_prefix_tokens"] > 500
     for session, prompt in prompts.items():  # the copied KV gives the text computed from scratch
         assert results[session].text == client.generate(prompt, None, max_tokens=16, temperature=0,
@@ -151,8 +151,8 @@ def test_a_session_survives_a_graceful_restart(tmp_path_factory):
             for s, t in turns.items():
                 prompt = gemma_prompt(t + [("model", first[s].text), ("user", "Which one is the largest?")])
                 again = c.generate(prompt, s, max_tokens=16, temperature=0)
-                assert again.stats["kv_source"] == "disk", again.stats
-                assert again.stats["cached_tokens"] >= first[s].stats["prompt_tokens"], again.stats
+                assert again.stats.kv_source == "disk", again.stats
+                assert again.stats.cached_tokens >= first[s].stats.prompt_tokens, again.stats
                 # The same two steps in a twin session that never left memory: same batch shapes, so the text is
                 # identical only if the KV that came back from disk is the KV that was saved.
                 c.generate(gemma_prompt(t), f"{s}-twin", max_tokens=16, temperature=0, cache_prompt=False)
@@ -165,7 +165,7 @@ def test_a_session_survives_a_graceful_restart(tmp_path_factory):
     try:
         with Client(svc.endpoint, timeout_s=120) as c:
             prompt = gemma_prompt(turns["ra"] + [("model", first["ra"].text), ("user", "Which one is the largest?")])
-            assert c.generate(prompt, "ra", max_tokens=4, temperature=0).stats["kv_source"] == "cold"
+            assert c.generate(prompt, "ra", max_tokens=4, temperature=0).stats.kv_source == "cold"
     finally:
         svc.stop()
     assert '"event": "session_file_rejected"' in svc.log.read_text()

@@ -245,7 +245,7 @@ def test_after_inference_restarts_requests_in_flight_fail_fast_and_new_ones_are_
     back = time.monotonic()
     reply = sdk(stack, timeout=5).completions.create(model=CHAT_MODEL, prompt="Hello", max_tokens=2, temperature=0)
     assert reply.usage.completion_tokens == 2
-    assert zmq_client.generate("Hello", max_tokens=2, model=CHAT_MODEL).stats["completion_tokens"] == 2
+    assert zmq_client.generate("Hello", max_tokens=2, model=CHAT_MODEL).stats.completion_tokens == 2
     assert time.monotonic() - back < 5
     zmq_client.close()
     REPORT.append(f"inference killed mid-stream: the HTTP stream failed after {http_s:.2f} s, the ZeroMQ one after "

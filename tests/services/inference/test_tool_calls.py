@@ -18,10 +18,18 @@ from services.inference.constraint import (Constraint, LlamaGrammar, Vocabulary,
                                            vocabulary)
 from services.inference.tool_calls import scan, tagged_grammar, tool_table, triggers
 from services.inference.grammar import nesting_depth
-from shared.protocol import ProtocolError
+from shared.protocol import ProtocolError, decode_request, encode_request
 from tests.conftest import CHAT_MODEL_PATH, require_model
 
-TOOLS = tool_table([
+
+def table(tools: list[dict]):
+    """The tool table of a chat request's ``tools``, decoded as inference decodes them (their shape), then
+    checked as schemas (``tool_table``)."""
+    frame = encode_request("chat", {"messages": [{"role": "user"}], "tools": tools})
+    return tool_table(decode_request(frame, max_frame_bytes=1 << 20, handled={"chat"}).message.tools)
+
+
+TOOLS = table([
     {"type": "function", "function": {"name": "calculator", "parameters": {
         "type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"],
         "additionalProperties": False}}},
@@ -91,16 +99,16 @@ def test_streamed_content_is_never_taken_back_and_never_shows_markup(text):
 
 
 @pytest.mark.parametrize("tools, says", [
-    ([{"type": "function", "function": {"name": "has space"}}], "name of letters"),
+    ([{"type": "function", "function": {"name": "has space"}}], r"'tools\[0\].function.name' must be str matching"),
     ([{"type": "function", "function": {"name": "a"}}] * 2, "two tools"),
     ([{"type": "function", "function": {"name": "a", "parameters": {"type": "nonsense"}}}], "not a valid JSON schema"),
-    ([{"type": "function", "function": {"name": "a", "parameters": []}}], "must be a JSON object"),
+    ([{"type": "function", "function": {"name": "a", "parameters": []}}], r"'tools\[0\].function.parameters' must be object"),
     ([{"type": "function", "function": {"name": f"t{i}", "parameters": {"enum": ["x" * 1000] * 60}}}
       for i in range(5)], "over 256 KiB together"),
 ])
 def test_malformed_tools_are_bad_requests(tools, says):
     with pytest.raises(ProtocolError, match=says):
-        tool_table(tools)
+        table(tools)
 
 
 def test_grammars_and_schemas_are_bounded_before_anything_compiles_them():
@@ -224,7 +232,7 @@ def test_gbnf_takes_llguidance_when_it_can_and_llama_cpp_when_it_nests_deeper(vo
 
 def test_a_backtracking_pattern_is_matched_in_linear_time():
     """^(a+)+$ against a's and a '!' would take Python's re longer than the universe; RE2 answers at once."""
-    tools = tool_table([{"type": "function", "function": {"name": "echo", "parameters": {
+    tools = table([{"type": "function", "function": {"name": "echo", "parameters": {
         "type": "object", "properties": {"text": {"type": "string", "pattern": "^(a+)+$"}}}}}])
     text = '[{"name": "echo", "arguments": {"text": "' + "a" * 5000 + '!"}}]'
     t0 = time.perf_counter()
@@ -239,11 +247,11 @@ def test_a_backtracking_pattern_is_matched_in_linear_time():
 ])
 def test_patterns_re2_cannot_run_are_refused_naming_the_field(schema, says):
     with pytest.raises(ProtocolError) as err:
-        tool_table([{"type": "function", "function": {"name": "t", "parameters": schema}}])
+        table([{"type": "function", "function": {"name": "t", "parameters": schema}}])
     assert err.value.code == "bad_request" and says in err.value.message
 
 
 def test_a_property_named_pattern_is_not_a_pattern():
-    tools = tool_table([{"type": "function", "function": {"name": "t", "parameters": {
+    tools = table([{"type": "function", "function": {"name": "t", "parameters": {
         "type": "object", "properties": {"pattern": {"type": "string"}}, "examples": [{"pattern": "(a)\\1"}]}}}])
     assert scan('{"name": "t", "arguments": {"pattern": "(x)\\\\1"}}', tools, final=True).calls[0].error is None

@@ -19,7 +19,7 @@ import pytest
 from services.agent.loop import Request, Run
 from shared.client import Client, ServiceError
 from shared.config import parse_config
-from tests.conftest import REPO, ServiceProcess, free_port, wait_for, wait_listening, write_config
+from tests.conftest import REPO, ServiceProcess, chat_reply, free_port, wait_for, wait_listening, write_config
 
 ROBOT = REPO / "examples" / "mcp" / "home_robot.py"
 MISBEHAVING = REPO / "tests" / "mcp_servers.py"
@@ -231,4 +231,4 @@ def _answer(req: Request, client: Client, replies: list[dict]):
         return {"tokens": req.body["text"].split()}
     if req.type == "optimizer.advice":
         return ServiceError("unavailable", "no optimizer")
-    return {"message": replies.pop(0), "prompt_tokens": 100}
+    return chat_reply(replies.pop(0), prompt_tokens=100)
