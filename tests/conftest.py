@@ -97,6 +97,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def mcp_http_command(run_home: Path, name: str) -> tuple[Config, list[str], int]:
+    """A fresh home under ``run_home`` and the command that serves it as MCP over HTTP on a free port."""
+    home = run_home / name
+    home.mkdir()
+    config = make_config(home)
+    port = free_port()
+    return config, [sys.executable, "-m", "magnitude.cli", "--config", str(write_config(home, config)), "mcp",
+                    "serve", "--http", str(port)], port
+
+
 def wait_listening(proc: subprocess.Popen, port: int, what: str) -> None:
     """Wait until ``proc`` (started with ``stderr=PIPE``) listens on ``port`` of loopback; its stderr if it exits."""
     def listening():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import signal
 import sys
 from pathlib import Path
@@ -13,6 +14,16 @@ from shared.config import Config, dump_config, parse_config
 
 #: The model of the benchmarks that measure the engine rather than an agent: the small bundled base model.
 BENCH_MODEL = catalog.get(catalog.BASE_MODEL).path()
+
+
+def add_side_by_side_arguments(parser: argparse.ArgumentParser, n_ctx_help: str) -> None:
+    """The flags of a benchmark that runs Magnitude and llama-server on the same model, one side at a time."""
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--n-ctx", type=int, default=4096, help=n_ctx_help)
+    parser.add_argument("--reps", type=int, default=1, help="alternating runs per side; medians are printed")
+    parser.add_argument("--only", choices=["magnitude", "llama-server"], help="run one side (no ratios)")
+    parser.add_argument("--server", help="llama-server binary (default: built/cached by native/build_llama_server.sh)")
+    parser.add_argument("--model", default=str(BENCH_MODEL))
 
 
 def stop_services_on_sigterm() -> None:

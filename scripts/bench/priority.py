@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from scripts.bench.backends import MagnitudeBackend, Sample, ServerBackend, measured
-from scripts.bench.common import BENCH_MODEL, stop_services_on_sigterm
+from scripts.bench.common import add_side_by_side_arguments, stop_services_on_sigterm
 from scripts.bench.llama_server import build as build_server
 from scripts.bench.prompts import agent_history, gemma_prompt, next_turn
 
@@ -126,12 +126,7 @@ def main() -> int:
     parser.add_argument("--long-tokens", type=int, default=250, help="new tokens per background generation")
     parser.add_argument("--key-a-tokens", type=int, default=250, help="new tokens per generation of key A")
     parser.add_argument("--settle-s", type=float, default=1.0, help="wait before the interactive agent starts")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--n-ctx", type=int, default=4096, help="context tokens per slot")
-    parser.add_argument("--reps", type=int, default=1, help="alternating runs per side; medians are printed")
-    parser.add_argument("--only", choices=["magnitude", "llama-server"], help="run one side")
-    parser.add_argument("--server", help="llama-server binary (default: built/cached by native/build_llama_server.sh)")
-    parser.add_argument("--model", default=str(BENCH_MODEL))
+    add_side_by_side_arguments(parser, n_ctx_help="context tokens per slot")
     args = parser.parse_args()
     stop_services_on_sigterm()
     with tempfile.TemporaryDirectory(prefix="magprio", dir="/tmp") as tmp:

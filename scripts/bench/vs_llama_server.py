@@ -41,7 +41,7 @@ from pathlib import Path
 
 from scripts.bench import llama_server
 from scripts.bench.backends import MagnitudeBackend, Sample, ServerBackend, measured
-from scripts.bench.common import BENCH_MODEL, stop_services_on_sigterm
+from scripts.bench.common import add_side_by_side_arguments, stop_services_on_sigterm
 from scripts.bench.prompts import PLANNER_TASKS, agent_history, gemma_prompt, next_turn
 from scripts.bench.stats import median, ratio
 
@@ -161,12 +161,7 @@ def main() -> int:
     parser.add_argument("--b-agents", type=int, nargs="+", default=[4, 8], help="agent counts of workload B")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--max-tokens", type=int, default=32, help="new tokens per agent step")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--n-ctx", type=int, default=4096, help="context tokens per agent (slot)")
-    parser.add_argument("--reps", type=int, default=1, help="alternating runs per workload; medians are printed")
-    parser.add_argument("--only", choices=["magnitude", "llama-server"], help="run one side (no ratios)")
-    parser.add_argument("--server", help="llama-server binary (default: build/cached by native/build_llama_server.sh)")
-    parser.add_argument("--model", default=str(BENCH_MODEL))
+    add_side_by_side_arguments(parser, n_ctx_help="context tokens per agent (slot)")
     parser.add_argument("--engine", nargs="+", default=[], metavar="KNOB=VALUE",
                         help="Magnitude engine settings other than its defaults, e.g. spec_draft_tokens=8")
     parser.add_argument("--keep", metavar="DIR", help="keep both sides' logs in DIR (default: a temporary folder)")

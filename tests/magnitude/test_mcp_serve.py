@@ -20,7 +20,8 @@ from mcp.client.streamable_http import streamable_http_client
 from services.gateway.keys import create_key, keys_path
 from shared.config import parse_config
 from shared.protocol import PRIORITIES
-from tests.conftest import CHAT_MODEL_PATH, REPO, ServiceProcess, free_port, make_config, require_model, wait_listening, write_config
+from tests.conftest import (CHAT_MODEL_PATH, REPO, ServiceProcess, make_config, mcp_http_command, require_model,
+                            wait_listening, write_config)
 
 ENV = {"PYTHONPATH": str(REPO)}
 
@@ -76,12 +77,7 @@ def test_the_sdk_client_lists_the_tools_searches_memory_and_runs_a_one_step_goal
 
 
 def test_over_http_it_needs_keys_beyond_loopback_and_then_a_key_on_every_request(run_home):
-    home = run_home / "mcp-http"
-    home.mkdir()
-    config = make_config(home)
-    path = write_config(home, config)
-    port = free_port()
-    command = [sys.executable, "-m", "magnitude.cli", "--config", str(path), "mcp", "serve", "--http", str(port)]
+    config, command, port = mcp_http_command(run_home, "mcp-http")
     refused = subprocess.run(command + ["--host", "0.0.0.0"], capture_output=True, text=True, timeout=60,
                              env=dict(os.environ, **ENV))
     assert refused.returncode == 2 and "api-key" in refused.stderr, refused.stderr

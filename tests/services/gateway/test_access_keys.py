@@ -9,7 +9,6 @@ import json
 import os
 import stat
 import subprocess
-import sys
 from pathlib import Path
 
 import httpx2 as httpx
@@ -18,7 +17,7 @@ import pytest
 from services.gateway.keys import keys_path, local_key_path, read_local_key
 from shared.client import Client
 from shared.config import parse_config
-from tests.conftest import REPO, ServiceProcess, free_port, make_config, wait_listening, write_config
+from tests.conftest import REPO, ServiceProcess, make_config, mcp_http_command, wait_listening, write_config
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another uid needs root")
 
@@ -92,14 +91,9 @@ def test_keyless_loopback_is_an_explicit_opt_in_and_logged(run_home):
 
 
 def test_mcp_serve_http_without_keys_makes_one_and_refuses_another_uid(run_home):
-    home = run_home / "keys-mcp"
-    home.mkdir()
-    config = make_config(home)
-    path = write_config(home, config)
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "magnitude.cli", "--config", str(path), "mcp", "serve", "--http",
-                             str(port)], env=dict(os.environ, PYTHONPATH=str(REPO)),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    config, command, port = mcp_http_command(run_home, "keys-mcp")
+    proc = subprocess.Popen(command, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     try:
         wait_listening(proc, port, "mcp serve listening")
         url = f"http://127.0.0.1:{port}/mcp"
