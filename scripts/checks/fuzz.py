@@ -54,7 +54,8 @@ with atheris.instrument_imports(include=["shared", "services"]):
     from services.tools.service import ToolService, shell_argv
     from shared import catalog, shm
     from shared.config import KNOBS, parse_config
-    from shared.protocol import MESSAGES, ProtocolError, decode_reply, decode_request, encode_request
+    from shared.protocol import (MESSAGES, FunctionSpec, ProtocolError, Tool, decode_reply, decode_request,
+                                 encode_request)
     from shared.service import Emitter
 
 import numpy as np
@@ -84,9 +85,10 @@ HOSTS = ["testserver", "localhost:8000", "127.0.0.1", "[::1]:8000", "evil.exampl
 #: What tool-call text is made of, so the scanner's branches are reached.
 TOOL_TEXT = [OPEN, CLOSE, "```json\n", "```python\n", "```", "{", "}", "[", "]", '"name"', '"arguments"', ": ",
              ", ", '"read_thermometer"', '"room"', '"kitchen"', "\n", " ", "null", "1", '"', "\\", "{{", "}}"]
-FUZZED_TOOLS = tool_table([{"type": "function", "function": {
-    "name": "read_thermometer", "parameters": {"type": "object", "properties": {"room": {"enum": ["kitchen"]}},
-                                               "required": ["room"]}}}, {"type": "function", "function": {"name": "noop"}}])
+FUZZED_TOOLS = tool_table([
+    Tool(type="function", function=FunctionSpec(name="read_thermometer", parameters={
+        "type": "object", "properties": {"room": {"enum": ["kitchen"]}}, "required": ["room"]})),
+    Tool(type="function", function=FunctionSpec(name="noop"))])
 COUNTS: Counter = Counter()
 
 
