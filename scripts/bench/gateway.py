@@ -70,12 +70,12 @@ class Paths:
         if self.api == "chat":
             body = self.zmq.request("chat", {"messages": messages, "model": self.model, "max_tokens": self.max_tokens,
                                              "temperature": 0}, session)
-            text = body["message"]["content"] or ""
+            text, total_s = body["message"]["content"] or "", body["stats"]["total_s"]
         else:
             result = self.zmq.generate(_prompt(messages), session, model=self.model, max_tokens=self.max_tokens,
                                        temperature=0)
-            body, text = result.stats, result.text
-        return time.perf_counter() - t0, body["total_s"], text
+            text, total_s = result.text, result.stats.total_s
+        return time.perf_counter() - t0, total_s, text
 
     def gateway(self, messages: list[dict], session: str) -> tuple[float, float, str]:
         headers = {"X-Session-Id": session}

@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import msgspec
+
 from scripts.bench.common import start_inference, stop
 from scripts.bench.prompts import PLANNER_SYSTEM, PLANNER_TASKS, gemma_prompt
 from shared.client import Client
@@ -45,7 +47,7 @@ def run(client: Client, sessions: list[str | None], steps: int, max_tokens: int)
                 histories[i] = conversation_step(histories[i], step)
             result = client.generate(gemma_prompt(histories[i]), session, max_tokens=max_tokens, temperature=0)
             histories[i] = histories[i] + [("model", result.text)]
-            stats[i].append(result.stats)
+            stats[i].append(msgspec.structs.asdict(result.stats))
     return stats
 
 

@@ -100,7 +100,7 @@ def run_trace(client, task: str, session: str, max_steps: int) -> list[dict]:
     for _ in range(max_steps):
         reply = client.request("chat", {"messages": messages, "tools": TOOLS, "max_tokens": 400,
                                         "temperature": 0}, session=session)
-        steps.append(reply)
+        steps.append(reply["stats"])
         messages.append(reply["message"])
         if not reply["message"]["tool_calls"]:
             break

@@ -64,7 +64,7 @@ def main() -> int:
                         client.request("engine.configure", {"settings": {"spec_draft_tokens": draft}})
                         result = client.generate(prompt, max_tokens=args.max_tokens, temperature=0)
                         runs[draft].append(result)
-                        print(f"{name}: rep {rep + 1}, draft {draft}: {result.stats['decode_tps']} tok/s",
+                        print(f"{name}: rep {rep + 1}, draft {draft}: {result.stats.decode_tps} tok/s",
                               file=sys.stderr, flush=True)
                 off, on = runs[0], runs[args.draft]
                 same = all(r.text == off[0].text for r in off + on)

@@ -195,4 +195,4 @@ def test_an_interactive_generation_keeps_its_pace_beside_background_ones(service
     ratio = beside.stats.decode_tps / alone.stats.decode_tps
     assert ratio >= 0.6, (beside.stats.decode_tps, alone.stats.decode_tps)
     REPORT.append(f"priority: interactive decode beside 3 background generations at {ratio:.2f}x of alone "
-                  f"({beside.stats['decode_tps']} / {alone.stats['decode_tps']} tok/s)")
+                  f"({beside.stats.decode_tps} / {alone.stats.decode_tps} tok/s)")
