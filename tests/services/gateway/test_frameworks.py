@@ -1,5 +1,6 @@
 """Agent frameworks as their users run them, against /v1/responses on the real model: the official packages
-(openai-agents, ...), no hand-written requests, so the shapes they really send are the ones tested."""
+(openai-agents, LangChain's create_agent on langchain-openai, pydantic-ai), no hand-written requests, so the shapes
+they really send are the ones tested."""
 
 from __future__ import annotations
 
@@ -58,3 +59,51 @@ def test_the_openai_agents_sdk_streams_a_function_tool_run(stack):  # noqa: F811
         return result.final_output
 
     assert "19" in str(asyncio.run(run()))
+
+
+def test_a_langchain_agent_on_chat_openai_runs_a_function_tool_through_the_responses_api(stack):  # noqa: F811
+    """LangChain's create_agent (LangGraph underneath) on ChatOpenAI(use_responses_api=True): the tool loop that
+    langchain-openai users point at any OpenAI-compatible server with base_url."""
+    langchain_agents = pytest.importorskip("langchain.agents", reason="langchain is in the test extra")
+    from langchain_core.tools import tool
+    from langchain_openai import ChatOpenAI
+
+    readings = []
+
+    @tool
+    def room_temperature(room: str) -> str:
+        """Reads the thermometer in a room of the house, in degrees Celsius."""
+        readings.append(room)
+        return '{"celsius": 23.5}'
+
+    url = stack["open"]
+    model = ChatOpenAI(model="default", base_url=f"{url}/v1", api_key=FIRST_START_KEYS[url], max_retries=0,
+                       use_responses_api=True)
+    agent = langchain_agents.create_agent(model, tools=[room_temperature])
+    result = agent.invoke({"messages": [("user", "How warm is it in the study right now?")]},
+                          {"recursion_limit": 6})
+    answer = result["messages"][-1].text
+    assert readings == ["study"]
+    assert "23.5" in answer, answer
+
+
+def test_a_pydantic_ai_agent_runs_a_function_tool_through_the_responses_api(stack):  # noqa: F811
+    """pydantic-ai's OpenAIResponsesModel over the stack's client: its tool loop re-sends the history each step."""
+    pydantic_ai = pytest.importorskip("pydantic_ai", reason="pydantic-ai-slim is in the test extra")
+    from pydantic_ai.models.openai import OpenAIResponsesModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.usage import UsageLimits
+
+    readings = []
+    model = OpenAIResponsesModel("default", provider=OpenAIProvider(openai_client=sdk_client(stack)))
+    agent = pydantic_ai.Agent(model)
+
+    @agent.tool_plain
+    def room_temperature(room: str) -> str:
+        """Reads the thermometer in a room of the house, in degrees Celsius."""
+        readings.append(room)
+        return '{"celsius": 18.5}'
+
+    result = agent.run_sync("How warm is it in the cellar right now?", usage_limits=UsageLimits(request_limit=4))
+    assert readings == ["cellar"]
+    assert "18.5" in result.output, result.output
