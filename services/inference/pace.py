@@ -11,6 +11,11 @@ urgent work joins as many of its steps as that leaves room for.
 
 from __future__ import annotations
 
+#: Shared steps in a row at most: then one urgent-only step, so the measured cost of such a step stays fresh.
+#: Without it a figure measured high once (another process ran meanwhile) made every later step shared, and a
+#: step that is never taken is never measured again.
+REMEASURE_AFTER = 16
+
 
 class UrgentPace:
     """A budget in seconds: each step of the most urgent class may cost ``alone_s / pace``, where ``alone_s``
@@ -20,16 +25,18 @@ class UrgentPace:
 
     def __init__(self) -> None:
         self.credit = 0.0
+        self.shared_in_row = 0
 
     def join(self, pace: float, alone_s: float, together_s: float) -> bool:
         """Whether this step carries the less urgent work too (``pace`` 0: always; 1: only when it is free)."""
         if pace <= 0:
             return True
         allowance = alone_s / pace
-        joined = self.credit + allowance >= together_s
+        joined = self.credit + allowance >= together_s and self.shared_in_row < REMEASURE_AFTER
+        self.shared_in_row = self.shared_in_row + 1 if joined else 0
         self.credit = min(self.credit + allowance - (together_s if joined else alone_s), together_s)
         return joined
 
     def reset(self) -> None:
         """One class only in this step: nothing to share, nothing saved."""
-        self.credit = 0.0
+        self.credit, self.shared_in_row = 0.0, 0
