@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import asyncio
 
+import agents  # the test extra installs every framework here: a missing one fails, it never skips
+import pydantic_ai
 import pytest
+from langchain import agents as langchain_agents
+from langchain_core.tools import tool
+from langchain_openai import ChatOpenAI
+from openai import AsyncOpenAI
+from pydantic_ai.models.openai import OpenAIResponsesModel
+from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.usage import UsageLimits
 
 from tests.services.gateway.test_gateway_agent import FIRST_START_KEYS, stack  # noqa: F401  (the module's stack: inference, tools, gateways)
-
-agents = pytest.importorskip("agents", reason="openai-agents is in the test extra")
-from openai import AsyncOpenAI  # noqa: E402
 
 pytestmark = pytest.mark.model
 
 
-def sdk_client(stack) -> AsyncOpenAI:
+def sdk_client(stack) -> AsyncOpenAI:  # noqa: F811
     """The client a framework user makes: the gateway's URL and the key its first start wrote."""
     url = stack["open"]
     return AsyncOpenAI(base_url=f"{url}/v1", api_key=FIRST_START_KEYS[url], max_retries=0)
@@ -64,10 +70,6 @@ def test_the_openai_agents_sdk_streams_a_function_tool_run(stack):  # noqa: F811
 def test_a_langchain_agent_on_chat_openai_runs_a_function_tool_through_the_responses_api(stack):  # noqa: F811
     """LangChain's create_agent (LangGraph underneath) on ChatOpenAI(use_responses_api=True): the tool loop that
     langchain-openai users point at any OpenAI-compatible server with base_url."""
-    langchain_agents = pytest.importorskip("langchain.agents", reason="langchain is in the test extra")
-    from langchain_core.tools import tool
-    from langchain_openai import ChatOpenAI
-
     readings = []
 
     @tool
@@ -89,11 +91,6 @@ def test_a_langchain_agent_on_chat_openai_runs_a_function_tool_through_the_respo
 
 def test_a_pydantic_ai_agent_runs_a_function_tool_through_the_responses_api(stack):  # noqa: F811
     """pydantic-ai's OpenAIResponsesModel over the stack's client: its tool loop re-sends the history each step."""
-    pydantic_ai = pytest.importorskip("pydantic_ai", reason="pydantic-ai-slim is in the test extra")
-    from pydantic_ai.models.openai import OpenAIResponsesModel
-    from pydantic_ai.providers.openai import OpenAIProvider
-    from pydantic_ai.usage import UsageLimits
-
     readings = []
     model = OpenAIResponsesModel("default", provider=OpenAIProvider(openai_client=sdk_client(stack)))
     agent = pydantic_ai.Agent(model)
