@@ -451,7 +451,7 @@ class Scheduler:
     def _step(self, engine: Engine, tasks: list[Task]) -> None:
         """Build this model's batch (decode tokens, drafts, prompt chunks), decode it once, consume the logits."""
         budget = engine.cfg.max_batch_size
-        decoders, prefills, chunks = self._shape(engine, self._carried(engine, tasks))
+        decoders, prefills, chunks = self._carried(engine, tasks)
         room = budget - len(decoders) - sum(chunks)
         plan: list[tuple[Task, list[int]]] = []
         for t in decoders:
@@ -511,23 +511,25 @@ class Scheduler:
             prompt_budget = min(engine.cfg.prefill_chunk_size, prompt_budget)
         return decoders, prefills, self._prompt_chunks(prefills, prompt_budget)
 
-    def _carried(self, engine: Engine, tasks: list[Task]) -> list[Task]:
-        """The tasks this step carries: every one, or only the most urgent class's while the others would slow
-        it below ``engine.priority_pace`` of its speed alone (``pace.UrgentPace``, by measured step costs).
-        Those left out keep their slots and KV, and decode in a later step."""
+    def _carried(self, engine: Engine, tasks: list[Task]) -> tuple[list[Task], list[Task], list[int]]:
+        """The shape (``_shape``) of the step that carries every task, or only the most urgent class's while
+        the others would slow it below ``engine.priority_pace`` of its speed alone (``pace.UrgentPace``, by
+        measured step costs). Those left out keep their slots and KV, and decode in a later step."""
         now = time.perf_counter()
-        top = min(self._rank(t, now) for t in tasks)
-        urgent = [t for t in tasks if self._rank(t, now) == top]
+        ranks = [self._rank(t, now) for t in tasks]
+        top = min(ranks)
+        urgent = [t for t, rank in zip(tasks, ranks) if rank == top]
         pace = self.paces.setdefault(engine.model_path.name, UrgentPace())
+        together = self._shape(engine, tasks)
         if len(urgent) == len(tasks):
             pace.reset()
-            return tasks
-        alone, together = (self._shape(engine, group) for group in (urgent, tasks))
+            return together
+        alone = self._shape(engine, urgent)
         cost = engine.step_costs
         if pace.join(engine.cfg.priority_pace, cost(len(alone[0]) + sum(alone[2])),
                      cost(len(together[0]) + sum(together[2]))):
-            return tasks
-        return urgent
+            return together
+        return alone
 
     def _prompt_chunks(self, prefills: list[Task], budget: int) -> list[int]:
         """How many of its prompt's tokens each prompt being read gets this step: the most urgent class's
