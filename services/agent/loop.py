@@ -32,8 +32,10 @@ from typing import Any, Generator, Sequence
 import msgspec
 import structlog
 
-from services.agent.context import (PATH, BuiltPrompt, ContextManager, Count, Operation, Summarize, Turn,
-                                    WorkingMemory, transcript, translate, turn_text)
+from services.agent.context import (BuiltPrompt, ContextManager, Count, Operation, Summarize, Turn, transcript,
+                                    translate, turn_text)
+from services.agent.policy import COMPUTE_TOOL, AskModel, StepPolicy, named
+from services.agent.working_memory import WorkingMemory
 from shared import shm
 from shared.client import ServiceError, chat_request
 from shared.config import FINAL_ANSWER, Config
@@ -45,7 +47,8 @@ log = structlog.get_logger("agent")
 #: What the model is told; bench_agent.py gives the plain tool loop it compares with the same text.
 SYSTEM_PROMPT = ("You are an assistant that completes the user's task. Call a tool only when the task needs what "
                  "it does; otherwise answer directly from what you know. Once the tool results give you what "
-                 "you need, reply with the answer in one short sentence and call no more tools.")
+                 "you need, reply with the answer in one short sentence, in the language of the task, and call no "
+                 "more tools.")
 #: After tool results, below the working memory (the task, what the tools gave, what is still missing): small
 #: models otherwise go on calling tools after they have what they need, or answer with an intermediate result.
 _NEXT = ("{note}\nIf a step of the task is still missing (arithmetic: never in your head; another file or "
@@ -61,9 +64,8 @@ _ANSWER_NOW = "{note}\nAnswer the task now from what was found, in one short sen
 _REPEATED = "{output}\n(This call was made before; this is its result again. Do not repeat it.)"
 _SUMMARY_PROMPT = ("Summarize the conversation above in a few sentences. Keep every name, number, file name and "
                    "tool result that the task may still need.")
-#: The tool service's built-in calculator: an answer in the wrong unit, or one that only restates what was found
-#: when the task asks for a computed figure, is sent back to it.
-_COMPUTE_TOOL = "calculator"
+#: A question the step policy asks the model (its language, a judgment of its answer): a short JSON object.
+_ASK_TOKENS = 64
 #: Tokens a template's tool section adds beyond the tools' JSON, before the first reply tells the real figure.
 _TEMPLATE_GUESS = 128
 #: After an advised compression, steps before the next one is honoured (decode speed needs time to show).
@@ -163,34 +165,6 @@ def _result(call: ToolCall) -> str:
     return call.output if call.error is None else f"Error: {call.error}"
 
 
-def _mentions(names: list[str]) -> re.Pattern[str]:
-    """Finds a tool named in prose, as models spell it there (``file_reader``, "file reader", "File-Reader"); the
-    match's ``lastgroup`` is ``t<index>`` of the tool in ``names``."""
-    spelled = (r"[_\s-]".join(re.escape(part) for part in re.split(r"[_\s-]", name)) for name in names)
-    return re.compile("|".join(rf"(?P<t{i}>\b{s}\b)" for i, s in enumerate(spelled)) or "(?!)", re.IGNORECASE)
-
-
-def _tool_named(match: re.Match[str], names: list[str]) -> str:
-    """The tool a ``_mentions(names)`` match found."""
-    return names[int(match.lastgroup[1:])]
-
-
-def _named(tool: str) -> dict:
-    return {"type": "function", "function": {"name": tool}}
-
-
-def _reader(specs: list[dict], memory: WorkingMemory) -> str | dict | None:
-    """The tool_choice that reads a file: the tool an earlier call gave a path, else one with a path-like
-    parameter, else none (the model picks)."""
-    for tool, arguments, _ in memory.facts:
-        if PATH.search(arguments):
-            return _named(tool)
-    for spec in specs:
-        if any(p in ("path", "file", "filename") for p in spec["function"]["parameters"].get("properties", {})):
-            return _named(spec["function"]["name"])
-    return None
-
-
 def _written_call(text: str, tools: list[str], call_id: str) -> dict | None:
     """The call a reply means when it ends in a tool call written as JSON text (in a fence, in tags such as
     ``<tool_response>`` that no parser takes for a call, or bare; alone or after a line of prose); None for any
@@ -275,13 +249,14 @@ class Run:
             opening = earlier.opening if earlier else trace.goal
             tool_names = [t["function"]["name"] for t in specs]
             memory = self.memory = WorkingMemory(trace.goal, trace.memories, list(earlier.facts) if earlier else [],
-                                                 compute_tool=_COMPUTE_TOOL if _COMPUTE_TOOL in tool_names else None)
+                                                 compute_tool=COMPUTE_TOOL if COMPUTE_TOOL in tool_names else None)
+            policy = StepPolicy(self.config.agent.policy, memory, specs)
+            yield from self._asked(policy.begin())
             checks = self.config.agent.answer_checks
             history = self.history
             made: dict[tuple[str, str], ToolCall] = {}  # (tool, arguments) of each call already run
             last_compressed, answer_now, forced, insist = -_COMPRESS_EVERY, False, None, None
             told: tuple[int, int] | None = None  # (history length, step) where a repeated call was answered
-            mentions = _mentions(tool_names)
             for index in range(1, self.max_iterations + 1):
                 t0 = time.monotonic()
                 # The last step, and the step after a repeated call, must answer: no tool call can open.
@@ -290,7 +265,7 @@ class Run:
                     trace.stopped = "max_output_tokens"
                     break
                 if must_answer and memory.facts:
-                    step = yield from self._answer_from(memory, index)
+                    step = yield from self._answer_from(policy.note(), index)
                     trace.answer, trace.stopped = step.content, FINAL_ANSWER
                     step.ms = round((time.monotonic() - t0) * 1000, 1)
                     break
@@ -301,11 +276,11 @@ class Run:
                 if index == 1 and choice == "auto" and steering.tool_choice != "auto":  # the caller's, first step
                     choice = steering.tool_choice
                 elif forced and choice == "auto":
-                    choice = _named(forced)
+                    choice = named(forced)
                 elif insist and choice == "auto":  # after an answer sent back: the reader, or the calculator
                     choice = insist
-                elif choice == "auto" and memory.unread(trace.goal):  # the goal names a file not read yet: read it
-                    choice = _reader(specs, memory) or choice  # (a small model otherwise reaches for another tool)
+                elif choice == "auto":
+                    choice = policy.first_choice() or choice
                 insist = None
                 reply = yield from self._step_chat(built.messages, tools=specs or None, tool_choice=choice)
                 context.observe(built, reply.stats.prompt_tokens)
@@ -325,26 +300,22 @@ class Run:
                            if not calls and index < self.max_iterations else None)
                 if written:  # a call written as the reply's text, not an answer: made as the model means it
                     calls, message = [written], {"role": "assistant", "content": "", "tool_calls": [written]}
-                named = (mentions.search(step.content) if specs and not made and forced is None and choice == "auto"
-                         else None)
-                if not calls and named and index < self.max_iterations:
+                intended = (policy.intended_tool(step.content)
+                            if specs and not made and forced is None and choice == "auto" else None)
+                if not calls and intended and index < self.max_iterations:
                     # Before any tool ran, it wrote about a call (in prose, or as JSON no parser takes) instead of
                     # making it: once per run, ask again with that tool named, so the call comes out in the model's
                     # own format. (Once tools have run, a tool's name in a reply is a report of what was done.)
-                    forced = step.intended = _tool_named(named, tool_names)
+                    forced = step.intended = intended
                     continue
                 forced = forced and ""  # a named call is asked for once
-                reasons = memory.unmet(step.content) if not calls and checks and choice != "none" else []
-                if reasons:  # a candidate answer the working memory does not back: asked again, with what is missing
+                verdict = ((yield from self._asked(policy.review(step.content), built))
+                           if not calls and step.content and checks and choice != "none" else None)
+                if verdict and verdict.reasons:  # a candidate answer that does not stand: asked again, with why
                     checks -= 1  # (the answer itself stays out of the history: the model would copy it next time)
-                    step.rejected = "; ".join(reasons)
-                    history.append(Turn("user", _NOT_YET.format(note=memory.note(), reasons=step.rejected), note=True))
-                    if memory.still_to_read(step.content):
-                        insist = _reader(specs, memory)
-                    elif memory.needs_computing(step.content):
-                        insist = _named(_COMPUTE_TOOL)
-                    elif mentioned := mentions.search(step.content):  # a plan in prose: the tool it means to use
-                        insist = _named(_tool_named(mentioned, tool_names))
+                    step.rejected = "; ".join(verdict.reasons)
+                    history.append(Turn("user", _NOT_YET.format(note=policy.note(), reasons=step.rejected), note=True))
+                    insist = verdict.tool_choice
                     continue
                 if not calls and not step.content:  # nothing said: not an answer; the next step answers from memory
                     answer_now = True
@@ -376,9 +347,8 @@ class Run:
                         memory.add(done.name, done.arguments, result)
                     history.append(Turn("tool", result, message={"role": "tool", "tool_call_id": call.get("id"),
                                                                  "name": key[0], "content": result}, note=step.repeated))
-                history.append(Turn("user", _NEXT.format(note=memory.note()), note=True))
-                if memory.counting() and not memory.still_to_read(""):  # what to count is read: the count is read
-                    answer_now = True  # off the note's numbered lines (the 1.5B wrote Python for the calculator)
+                history.append(Turn("user", _NEXT.format(note=policy.note()), note=True))
+                answer_now = policy.answer_now()
                 step.ms = round((time.monotonic() - t0) * 1000, 1)
         except ServiceError as err:  # inference itself failed: the run cannot go on
             trace.stopped, trace.error = "error", f"{err.code}: {err.message}"
@@ -415,24 +385,27 @@ class Run:
         cap = self.steering.max_output_tokens
         return None if cap is None else max(0, cap - self.trace.output_tokens)
 
-    def _answer_from(self, memory: WorkingMemory, index: int) -> Generator[Request, Any, Step]:
-        """The step that answers from the working memory alone (outside the session: its prompt is not the
-        conversation's)."""
+    def _answer_from(self, note: str, index: int) -> Generator[Request, Any, Step]:
+        """The step that answers from the working memory's ``note`` alone (outside the session: its prompt is not
+        the conversation's)."""
         messages = [{"role": "system", "content": _ANSWER_SYSTEM},
-                    {"role": "user", "content": _ANSWER_NOW.format(note=memory.note())}]
+                    {"role": "user", "content": _ANSWER_NOW.format(note=note)}]
         reply = yield from self._step_chat(messages, in_session=False)
         return self._record(index, None, reply, False)
 
     def _record(self, index: int, built: BuiltPrompt | None, reply: ChatResult, compressed: bool) -> Step:
-        stats = reply.stats
-        step = Step(index, reply.content.strip(), prompt_tokens=stats.prompt_tokens,
+        step = Step(index, reply.content.strip(), prompt_tokens=reply.stats.prompt_tokens,
                     summarized_turns=built.summarized_turns if built else 0,
                     compressed=compressed and bool(built and built.summarized_turns))
         self.trace.steps.append(step)
-        self.trace.prompt_tokens += stats.prefill_tokens
-        self.trace.cached_tokens += stats.cached_tokens
-        self.trace.output_tokens += stats.completion_tokens
+        self._count(reply)
         return step
+
+    def _count(self, reply: ChatResult) -> None:
+        """Add a model turn's tokens to the trace's (a step's, or a question the policy asked)."""
+        self.trace.prompt_tokens += reply.stats.prefill_tokens
+        self.trace.cached_tokens += reply.stats.cached_tokens
+        self.trace.output_tokens += reply.stats.completion_tokens
 
     def _call_tool(self, call: dict) -> Generator[Request, Any, ToolCall]:
         fn = call.get("function") or {}
@@ -474,6 +447,28 @@ class Run:
             return bool((yield self._ask("optimizer", "optimizer.advice", optional=True)).get("compress"))
         except ServiceError:  # no optimizer running: nobody advises
             return False
+
+    def _asked(self, questions: Generator[AskModel, Any, Any],
+               built: BuiltPrompt | None = None) -> Generator[Request, Any, Any]:
+        """Carry the step policy's questions to the model; its result. A question about a candidate answer goes
+        in the run's session after ``built`` (the prompt that answer replied to) and the answer: only those two
+        turns are prefilled, and the next prompt, which leaves them out, still reuses the KV before them."""
+        def ask(op: AskModel) -> Generator[Request, Any, dict | None]:
+            turn = [{"role": "user", "content": op.question}]
+            if op.about is not None and built is not None:
+                messages, in_session = [*built.messages, {"role": "assistant", "content": op.about}, *turn], True
+            else:
+                messages, in_session = turn, False
+            reply = yield from self._chat(messages, in_session, max_tokens=_ASK_TOKENS, temperature=0.0,
+                                          response_format={"type": "json_schema",
+                                                           "json_schema": {"name": "reply", "schema": op.schema}})
+            self._count(reply)
+            try:
+                value = json.loads(reply.content)
+            except json.JSONDecodeError:  # cut by the token cap: no answer to the question
+                return None
+            return value if isinstance(value, dict) else None
+        return (yield from translate(questions, ask))
 
     def _budgeted(self, build: Generator[Operation, Any, Any]) -> Generator[Request, Any, Any]:
         """Carry the context budget's operations out as service requests; its result."""

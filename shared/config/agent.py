@@ -28,6 +28,21 @@ class SandboxLimits(Section):
                                                               "tools' uid already runs")
 
 
+class StepPolicyConfig(Section):
+    """Which checks steer a run of the agent loop (``services/agent/policy.py``; measured in docs/agents.md)."""
+
+    answer_language: bool = Field(True, description="the model names the task's language before the first step, "
+                                                    "and each step is told to answer in it")
+    judge: bool = Field(True, description="the model judges a candidate answer against the task and what was "
+                                          "found (a yes/no under a JSON schema, in the run's session) before it "
+                                          "stands")
+    unread_files: bool = Field(True, description="a file the task or a candidate answer names is read before the "
+                                                 "answer stands")
+    english_rules: Literal["off", "english", "always"] = Field(
+        "english", description="the checks that read English words (units, 'how many', 'total'): off; only for "
+                               "a task the model finds to be in English; always")
+
+
 class ToolConfig(Section):
     name: str = Field(pattern=r"^[a-z_][a-z0-9_]{0,63}$")
     kind: Literal["builtin", "python", "shell"] = "builtin"
@@ -90,6 +105,7 @@ class AgentConfig(Section):
     answer_checks: int = Field(2, ge=0, le=20, description="candidate answers a run may send back because they "
                                                             "name a file not yet read or hold a number no tool "
                                                             "gave; 0 = take the first answer")
+    policy: StepPolicyConfig = Field(default_factory=StepPolicyConfig)
 
     @field_validator("tools")
     @classmethod

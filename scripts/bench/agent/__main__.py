@@ -105,7 +105,7 @@ def bench_model(name: str, model_path: Path, tasks: list[Task], memories: list[s
                 binary: str | None) -> dict:
     print(f"\n=== {name} ({model_path.stat().st_size / 2**20:.0f} MiB) ===", file=sys.stderr, flush=True)
     config = bench_config(home, model_path, args.n_ctx, args.max_steps, args.max_tokens,
-                          any(t.kind == "mcp" for t in tasks))
+                          any(t.kind == "mcp" for t in tasks), args.policy)
     path = home / "bench.yaml"
     path.write_text(dump_config(config))
     start(config, path, ("embedding", "retrieval", "tools", "optimizer"))
@@ -142,7 +142,7 @@ def print_table(results: list[dict], version: str | None, n_tasks: int, args) ->
     peer = (f"llama-server --jinja ({version}) + openai {__import__('openai').__version__} loop" if version
             else "not run")
     print(f"\nbench_agent: {n_tasks} tasks, max {args.max_steps} steps of {args.max_tokens} tokens, n_ctx {args.n_ctx}, "
-          f"temperature 0; peer: {peer}")
+          f"temperature 0; agent.policy {args.policy or 'defaults'}; peer: {peer}")
     width = max([len(r["model"]) for r in results] + [20]) + 2
     head = (f"{'model':<{width}}{'system':<11}{'solved':>9}{'valid calls':>13}{'steps/task':>12}{'s/task':>8}  "
             + " ".join(f"{k:>10}" for k in KINDS))
@@ -158,6 +158,17 @@ def print_table(results: list[dict], version: str | None, n_tasks: int, args) ->
             print(f"{'':<{width}}{'':<11}by set: " + ", ".join(f"{g} {a}/{b}" for g, (a, b) in s["by_set"].items())
                   + "; by set/language: " + ", ".join(f"{g} {a}/{b}" for g, (a, b) in s["by_language"].items()))
         print(f"{'':<{width}}{r['size_mib']} MiB; Magnitude decode {r['decode_tps']} tok/s (free text)")
+
+
+def policy_settings(text: str) -> dict:
+    """``judge=false,english_rules=off`` as settings of ``agent.policy`` (checked when the config is parsed)."""
+    settings = {}
+    for pair in filter(None, text.split(",")):
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise argparse.ArgumentTypeError(f"{pair!r} is not key=value")
+        settings[key.strip()] = {"true": True, "false": False}.get(value.strip().lower(), value.strip())
+    return settings
 
 
 def main() -> int:
@@ -177,6 +188,9 @@ def main() -> int:
     parser.add_argument("--systems", default="magnitude,peer", help=f"which of {', '.join(SYSTEMS)} to run, "
                                                                        "comma-separated (default: magnitude,peer)")
     parser.add_argument("--json", type=Path, help="write every task's outcome to this file")
+    parser.add_argument("--policy", type=policy_settings, default={},
+                        help="the agent's step policy, as agent.policy settings: judge=false,english_rules=off "
+                             "(docs/agents.md, the ablation); default: the configuration's defaults")
     parser.add_argument("--no-lock", action="store_true", help=f"do not take {HEAVY_LOCK} (already held)")
     args = parser.parse_args()
     stop_services_on_sigterm()

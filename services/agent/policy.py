@@ -1,0 +1,173 @@
+"""The step policy: what the agent loop tells the model between steps, and whether a candidate answer stands.
+
+The loop (``services/agent/loop.py``) knows no language: it asks its ``StepPolicy`` for the note after each
+step's tool results, for the tool a step should be asked with, and for a ``Verdict`` on each candidate answer.
+The default policy is built from mechanisms that do not read the user's words:
+
+- **the task's language**, named by the model itself before the first step (a short answer under a JSON
+  schema, outside the run's session); every step is then told to answer in it;
+- **the model judging its own answer**: right after a candidate answer, in the run's session (its KV warm), the
+  model says under a JSON schema whether that reply is the final answer the task asks for, and what is missing;
+- **unread files**: a file the task or the answer names (a path looks the same in every language) is read
+  before the answer stands, and a task that names one starts with the reader;
+- **tool names**: a reply that names a tool instead of calling it (before any call) is asked again with that
+  tool named.
+
+The checks that read English words (``services.agent.english_rules``) apply only where
+``agent.policy.english_rules`` says: by default to a task the model found to be in English.
+
+The policy does no I/O: ``begin`` and ``review`` are generators of ``AskModel`` operations, answered by the loop
+with ``chat`` requests (the sans-I/O pattern of the context budget).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Generator
+
+from services.agent.english_rules import EnglishRules
+from services.agent.working_memory import PATH, WorkingMemory
+from shared.config.agent import StepPolicyConfig
+
+#: Asked outside the run's session before its first step; the reply names the language in English, so it can be
+#: written into the prompts as it is ("Answer in German.").
+LANGUAGE_QUESTION = "In which language is the following text written? Name the language in English.\n\nText: {text}"
+LANGUAGE_SCHEMA = {"type": "object", "properties": {"language": {"type": "string", "pattern": "^[A-Z][a-z]{2,15}$"}},
+                   "required": ["language"], "additionalProperties": False}
+#: Asked right after a candidate answer, in the run's session: the task, the tool results and the reply are
+#: all in the prompt above.
+JUDGE_QUESTION = ("Check your last reply against the task. Is it the final answer the task asks for (not a plan, "
+                  "not a step towards it, not a question back), with every figure taken from the task, the tool "
+                  "results or a calculation{language}? If not, say in a few words what is still missing.")
+JUDGE_SCHEMA = {"type": "object", "properties": {"final_answer": {"type": "boolean"},
+                                                 "missing": {"type": "string", "maxLength": 100}},
+                "required": ["final_answer", "missing"], "additionalProperties": False}
+#: The tool that calculates, when the run has it: the English rules send a wrong unit or a restated figure to it.
+COMPUTE_TOOL = "calculator"
+
+
+@dataclass(frozen=True)
+class AskModel:
+    """Operation: the model's reply, a JSON object under ``schema``, to ``question`` (reply: the object, or None
+    when the model could not give one). ``about``: a candidate answer the question is about; it is asked in the
+    run's session right after that reply, else on its own, outside the session."""
+
+    question: str
+    schema: dict
+    about: str | None = None
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A candidate answer's review: ``reasons`` it does not stand yet (empty: it stands) and the tool the next step
+    is asked with (a ``tool_choice`` map; None: the model picks)."""
+
+    reasons: list[str] = field(default_factory=list)
+    tool_choice: dict | None = None
+
+
+def named(tool: str) -> dict:
+    """The ``tool_choice`` that asks for one tool."""
+    return {"type": "function", "function": {"name": tool}}
+
+
+def mentions(names: list[str]) -> re.Pattern[str]:
+    """Finds a tool named in prose, as models spell it there (``file_reader``, "file reader", "File-Reader"); the
+    match's ``lastgroup`` is ``t<index>`` of the tool in ``names``."""
+    spelled = (r"[_\s-]".join(re.escape(part) for part in re.split(r"[_\s-]", name)) for name in names)
+    return re.compile("|".join(rf"(?P<t{i}>\b{s}\b)" for i, s in enumerate(spelled)) or "(?!)", re.IGNORECASE)
+
+
+class StepPolicy:
+    """One run's steering, over its ``WorkingMemory`` and the tools it offers (OpenAI specs)."""
+
+    def __init__(self, settings: StepPolicyConfig, memory: WorkingMemory, specs: list[dict]):
+        self.settings = settings
+        self.memory = memory
+        self.specs = specs
+        self.tools = [spec["function"]["name"] for spec in specs]
+        self._mentions = mentions(self.tools)
+        self.language: str | None = None  # the task's, as the model named it
+        self.english: EnglishRules | None = None  # the English checks, where they apply to this run
+
+    def begin(self) -> Generator[AskModel, Any, None]:
+        """Before the first step: the task's language, when a setting needs it."""
+        rules = self.settings.english_rules
+        if self.settings.answer_language or rules == "english":
+            reply = yield AskModel(LANGUAGE_QUESTION.format(text=self.memory.goal), LANGUAGE_SCHEMA)
+            self.language = reply["language"] if reply else None
+        if rules == "always" or (rules == "english" and self.language == "English"):
+            self.english = EnglishRules(self.memory)
+
+    def instruction(self) -> str:
+        """What every step is told about the answer's language ("" when the language is not known)."""
+        return f"Answer in {self.language}." if self.settings.answer_language and self.language else ""
+
+    def note(self) -> str:
+        """The working memory as the next step's prompt text, with what the task still needs."""
+        english, memory = self.english, self.memory
+        counting = bool(english and english.counting())
+        extra = []
+        if counting:  # the 1.5B otherwise writes Python for the calculator: sum(1 for line in ...)
+            extra.append("Count with the numbered lines above; the calculator cannot count.")
+        note = memory.note(english.related_memories() if english else memory.memories, self.to_read(""),
+                           numbered=counting, extra=extra)
+        return f"{note}\n{instruction}" if (instruction := self.instruction()) else note
+
+    def to_read(self, answer: str) -> list[str]:
+        """Unread files the answer cannot do without: those the task or ``answer`` names (and, under the English
+        rules, those a result names on a line about the task)."""
+        if not self.settings.unread_files:
+            return []
+        pointed = self.english.pointed_to() if self.english else []
+        return list(dict.fromkeys([*self.memory.unread(self.memory.goal, answer), *pointed]))
+
+    def first_choice(self) -> dict | None:
+        """The tool a step is asked with before the model has what the task names: the reader while the task
+        names a file not read yet (a small model otherwise reaches for another tool)."""
+        return self.reader() if self.to_read("") else None
+
+    def reader(self) -> dict | None:
+        """The tool_choice that reads a file: the tool an earlier call gave a path, else one with a path-like
+        parameter, else none (the model picks)."""
+        for tool, arguments, _ in self.memory.facts:
+            if PATH.search(arguments):
+                return named(tool)
+        for spec in self.specs:
+            if any(p in ("path", "file", "filename") for p in spec["function"]["parameters"].get("properties", {})):
+                return named(spec["function"]["name"])
+        return None
+
+    def intended_tool(self, text: str) -> str | None:
+        """The tool a reply names in prose instead of calling it."""
+        found = self._mentions.search(text)
+        return self.tools[int(found.lastgroup[1:])] if found else None
+
+    def answer_now(self) -> bool:
+        """After a step's tool results: whether the next step must answer (what to count is read, so the count
+        is read off the note's numbered lines; the 1.5B wrote Python for the calculator instead)."""
+        return bool(self.english and self.english.counting()) and not self.to_read("")
+
+    def review(self, answer: str) -> Generator[AskModel, Any, Verdict]:
+        """Whether the candidate ``answer`` stands, and if not why and which tool the next step is asked with."""
+        unread = self.to_read(answer)
+        english = self.english
+        reasons = [f"{path} has not been read yet" for path in unread] + (english.unmet(answer) if english else [])
+        if unread:
+            return Verdict(reasons, self.reader())
+        if reasons:
+            compute = COMPUTE_TOOL in self.tools and english.needs_computing(answer)
+            return Verdict(reasons, named(COMPUTE_TOOL) if compute else self._tool_in(answer))
+        if self.settings.judge:
+            language = f", written in {self.language}" if self.settings.answer_language and self.language else ""
+            judged = yield AskModel(JUDGE_QUESTION.format(language=language), JUDGE_SCHEMA, about=answer)
+            if judged and not judged["final_answer"]:
+                missing = judged["missing"].strip() or "it is not the final answer yet"
+                return Verdict([missing], self._tool_in(answer))
+        return Verdict()
+
+    def _tool_in(self, answer: str) -> dict | None:
+        """A plan in prose sent back: the tool it means to use."""
+        tool = self.intended_tool(answer)
+        return named(tool) if tool else None
