@@ -149,6 +149,9 @@ class Conversation:
     turns: list[Turn] = field(default_factory=list)  # everything said after it, the run's own question included
     memories: list[str] = field(default_factory=list)  # recalled when the conversation began
     facts: list[tuple[str, str, str]] = field(default_factory=list)  # (tool, arguments, result) found so far
+    #: Of ``facts``, how many the last question has found already (a client re-sending a run under way, such as
+    #: a chat-completions tool loop): a repeat of one of their calls is answered from its result, not made again.
+    answering: int = 0
 
 
 def _canonical(arguments: Any) -> str:
@@ -201,17 +204,19 @@ class Run:
 
     def __init__(self, config: Config, goal: str, session_id: str, max_iterations: int | None,
                  caller_tools: Sequence[dict] = (), instructions: str | None = None, earlier: Conversation | None = None,
-                 steering: Steering = Steering(), priority: str | None = None):
+                 steering: Steering = Steering(), priority: str | None = None, configured_tools: bool = True):
         """``caller_tools``: OpenAI tool specs whose calls go to the service ``caller`` (the run's own client);
         ``instructions``: the caller's system text, after the agent's own (which carries its tool policy);
         ``earlier``: the conversation this run goes on (``goal`` is then its last question); ``steering``: the
         caller's sampling and tool choice; ``priority``: the scheduling class of every model step
-        (``shared.protocol.PRIORITIES``; None: the service's default)."""
+        (``shared.protocol.PRIORITIES``; None: the service's default); ``configured_tools``: offer the tool
+        service's tools beside the caller's (a chat-completions client runs every call itself)."""
         self.config = config
         self.steering = steering
         self.priority = priority
         self.system = f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT
         self.caller_tools = list(caller_tools)
+        self.configured_tools = configured_tools
         self.earlier = earlier
         self.history: list[Turn] = list(earlier.turns) if earlier else []  # the prompt's turns after the opening
         self.memory: WorkingMemory | None = None  # made at the run's start
@@ -239,8 +244,9 @@ class Run:
         started = time.monotonic()
         try:
             steering = self.steering
-            specs = [] if steering.tool_choice == "none" else (
-                tool_specs((yield self._ask("tools", "tool.list"))["tools"]) + self.caller_tools)
+            configured = (tool_specs((yield self._ask("tools", "tool.list"))["tools"])
+                          if self.configured_tools and steering.tool_choice != "none" else [])
+            specs = [] if steering.tool_choice == "none" else configured + self.caller_tools
             n_ctx = (yield self._ask("inference", "health")).get("n_ctx") or self.config.engine.n_ctx
             context = ContextManager(n_ctx, self.config.memory.budget, self.config.memory.summary_max_tokens)
             context.overhead = (yield from self._budgeted(context.count(json.dumps(specs)))) + _TEMPLATE_GUESS
@@ -254,7 +260,9 @@ class Run:
             yield from self._asked(policy.begin())
             checks = self.config.agent.answer_checks
             history = self.history
-            made: dict[tuple[str, str], ToolCall] = {}  # (tool, arguments) of each call already run
+            made: dict[tuple[str, str], ToolCall] = {  # (tool, arguments) of each call already run for this question
+                (tool, _canonical(arguments)): ToolCall(tool, arguments, result, valid=True)
+                for tool, arguments, result in (memory.facts[len(memory.facts) - earlier.answering:] if earlier else [])}
             last_compressed, answer_now, forced, insist = -_COMPRESS_EVERY, False, None, None
             told: tuple[int, int] | None = None  # (history length, step) where a repeated call was answered
             for index in range(1, self.max_iterations + 1):
@@ -309,7 +317,7 @@ class Run:
                     forced = step.intended = intended
                     continue
                 forced = forced and ""  # a named call is asked for once
-                verdict = ((yield from self._asked(policy.review(step.content), built))
+                verdict = ((yield from self._asked(policy.review(step.content), built, specs))
                            if not calls and step.content and checks and choice != "none" else None)
                 if verdict and verdict.reasons:  # a candidate answer that does not stand: asked again, with why
                     checks -= 1  # (the answer itself stays out of the history: the model would copy it next time)
@@ -448,20 +456,25 @@ class Run:
         except ServiceError:  # no optimizer running: nobody advises
             return False
 
-    def _asked(self, questions: Generator[AskModel, Any, Any],
-               built: BuiltPrompt | None = None) -> Generator[Request, Any, Any]:
+    def _asked(self, questions: Generator[AskModel, Any, Any], built: BuiltPrompt | None = None,
+               tools: list[dict] | None = None) -> Generator[Request, Any, Any]:
         """Carry the step policy's questions to the model; its result. A question about a candidate answer goes
-        in the run's session after ``built`` (the prompt that answer replied to) and the answer: only those two
-        turns are prefilled, and the next prompt, which leaves them out, still reuses the KV before them."""
+        in the run's session after ``built`` (the prompt that answer replied to, with its ``tools``, so the
+        template renders the same prefix) and the answer: only those two turns are prefilled, and the next
+        prompt, which leaves them out, still reuses the KV before them."""
         def ask(op: AskModel) -> Generator[Request, Any, dict | None]:
             turn = [{"role": "user", "content": op.question}]
+            params: dict[str, Any] = {}
             if op.about is not None and built is not None:
                 messages, in_session = [*built.messages, {"role": "assistant", "content": op.about}, *turn], True
+                if tools:
+                    params = {"tools": tools, "tool_choice": "none"}
             else:
                 messages, in_session = turn, False
             reply = yield from self._chat(messages, in_session, max_tokens=_ASK_TOKENS, temperature=0.0,
                                           response_format={"type": "json_schema",
-                                                           "json_schema": {"name": "reply", "schema": op.schema}})
+                                                           "json_schema": {"name": "reply", "schema": op.schema}},
+                                          **params)
             self._count(reply)
             try:
                 value = json.loads(reply.content)

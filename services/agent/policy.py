@@ -10,6 +10,8 @@ The default policy is built from mechanisms that do not read the user's words:
   model says under a JSON schema whether that reply is the final answer the task asks for, and what is missing;
 - **unread files**: a file the task or the answer names (a path looks the same in every language) is read
   before the answer stands, and a task that names one starts with the reader;
+- **backed figures**: a number of the answer that no reading of the task, the memories or the tools' results
+  backs (``services.agent.figures``: "8,40" read with either decimal mark) is sent back to be computed;
 - **tool names**: a reply that names a tool instead of calling it (before any call) is asked again with that
   tool named.
 
@@ -26,8 +28,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Generator
 
+from services.agent import figures
 from services.agent.english_rules import EnglishRules
-from services.agent.working_memory import PATH, WorkingMemory
+from services.agent.working_memory import PATH, WorkingMemory, lines
 from shared.config.agent import StepPolicyConfig
 
 #: Asked outside the run's session before its first step; the reply names the language in English, so it can be
@@ -153,11 +156,12 @@ class StepPolicy:
         """Whether the candidate ``answer`` stands, and if not why and which tool the next step is asked with."""
         unread = self.to_read(answer)
         english = self.english
-        reasons = [f"{path} has not been read yet" for path in unread] + (english.unmet(answer) if english else [])
+        reasons = [f"{path} has not been read yet" for path in unread] + (
+            english.unmet(answer) if english else self._unbacked(answer))
         if unread:
             return Verdict(reasons, self.reader())
         if reasons:
-            compute = COMPUTE_TOOL in self.tools and english.needs_computing(answer)
+            compute = COMPUTE_TOOL in self.tools and bool(english and english.needs_computing(answer))
             return Verdict(reasons, named(COMPUTE_TOOL) if compute else self._tool_in(answer))
         if self.settings.judge:
             language = f", written in {self.language}" if self.settings.answer_language and self.language else ""
@@ -166,6 +170,20 @@ class StepPolicy:
                 missing = judged["missing"].strip() or "it is not the final answer yet"
                 return Verdict([missing], self._tool_in(answer))
         return Verdict()
+
+    def _unbacked(self, answer: str) -> list[str]:
+        """Why ``answer``'s figures do not stand: numbers nothing the run knows backs (once a tool ran or the task
+        has numbers: "a spider has 8 legs" needs no source). The English rules check figures themselves, with
+        their units."""
+        memory = self.memory
+        if not self.settings.figures or not (memory.facts or figures.values(memory.goal)):
+            return []
+        results = [result for _, _, result in memory.facts]
+        listed = max((len(lines(result)) for result in results), default=0)
+        if invented := figures.unbacked(answer, [memory.goal, *memory.memories, *results], listed):
+            was = "was" if len(invented) == 1 else "were"
+            return [f"{', '.join(invented)} {was} not read or computed with a tool; compute with a tool"]
+        return []
 
     def _tool_in(self, answer: str) -> dict | None:
         """A plan in prose sent back: the tool it means to use."""

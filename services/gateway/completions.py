@@ -11,17 +11,18 @@ client is closed (see ``upstream``).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import secrets
-from collections.abc import AsyncGenerator, Awaitable
-from typing import Any, TypeVar
+from collections.abc import AsyncGenerator
+from typing import Any
 
 from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 
-from services.gateway.access import Caller, Context, Gateway, PriorityHeader, Session, tenant
+from services.gateway.access import Caller, Context, Gateway, PriorityHeader, Session, SessionHeader, tenant
+from services.gateway.agent_chat import AgentHeader, agent_completion, wants_agent
+from services.gateway.disconnect import unless_disconnected
 from services.gateway.errors import ApiError, documented, error_body
 from services.gateway.replies import ChatShape, CompletionShape, Shape
 from services.gateway.schemas import (
@@ -38,7 +39,7 @@ from services.gateway.schemas import (
     Tool,
 )
 from shared import protocol as wire
-from shared.protocol import DEFAULT_PRIORITY, MAX_SEED, ErrorCode, GenerateRequest, Reply
+from shared.protocol import DEFAULT_PRIORITY, MAX_SEED, GenerateRequest, Reply
 
 router = APIRouter()
 
@@ -52,7 +53,10 @@ STREAM_CHUNKS = {"/v1/chat/completions": ChatCompletionChunk, "/v1/completions":
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses=GENERATION_RESPONSES,
              summary="Chat with the model's own template and native tool calls")
 async def chat_completions(req: ChatCompletionRequest, gw: Context, session_id: Session, owner: Caller,
-                           http: Request, x_priority: PriorityHeader = None):
+                           http: Request, x_priority: PriorityHeader = None, x_session_id: SessionHeader = None,
+                           x_agent_policy: AgentHeader = None):
+    if wants_agent(req, x_agent_policy):  # the agent's step policy over the client's tool loop
+        return await agent_completion(http, gw, req, owner, x_session_id, req.priority or x_priority)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     body = chat_request(req, owner, req.priority or x_priority)
     return await _generate(http, gw, "chat", body, session_id, ChatShape(req.model, include_usage), req.stream)
@@ -127,29 +131,6 @@ async def _generate(http: Request, gw: Gateway, msg_type: str, body: wire.Genera
     first = await anext(frames)  # refusals answer with their status (the generator is finished then)
     cfg = gw.config.gateway
     return EventSourceResponse(_events(gw, shape, first, frames), ping=cfg.sse_ping_s, sep="\n")
-
-
-#: How often a non-streamed request checks whether its HTTP client is still there.
-DISCONNECT_POLL_S = 0.25
-
-_T = TypeVar("_T")
-
-
-async def unless_disconnected(http: Request, work: Awaitable[_T]) -> _T:
-    """``work``'s result; if the HTTP client goes away first, ``work`` is cancelled (and with it the generation:
-    the ZeroMQ client sends ``cancel``), and the request ends as 499, as nginx names a closed request."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return task.result()
-            if await http.is_disconnected():
-                raise ApiError(499, "client_closed_request", ErrorCode.CANCELLED, "the client went away")
-    finally:
-        if not task.done():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
 
 async def _events(gw: Gateway, shape: Shape, reply: Reply, frames: AsyncGenerator[Reply, None]):

@@ -39,7 +39,7 @@ from starlette.requests import Request as HttpRequest
 from services.agent.context import Turn, turn_text
 from services.agent.loop import Conversation, Request, Run, Steering
 from services.gateway.access import Caller, Context, Gateway, PriorityHeader, owned, scoped, tenant
-from services.gateway.completions import unless_disconnected
+from services.gateway.disconnect import unless_disconnected
 from services.gateway.errors import ApiError, bad_request, documented, from_service_error
 from services.gateway.stored import Stored, StoredResponse
 from services.gateway.schemas import (
@@ -91,10 +91,12 @@ class AgentRun:
 
     def __init__(self, gw: Gateway, owner: str | None, model: str | None, goal: str, tools: list[FunctionTool],
                  instructions: str | None = None, earlier: Conversation | None = None, session_id: str | None = None,
-                 store: bool = True, steering: Steering = Steering(), priority: str | None = None):
+                 store: bool = True, steering: Steering = Steering(), priority: str | None = None,
+                 configured_tools: bool = True):
         """``earlier``: the conversation the run goes on, in ``session_id`` (None: a session of its own);
         ``store``: keep the finished response for GET and the next turn; ``steering``: the caller's sampling
-        and tool choice; ``priority``: every model step's."""
+        and tool choice; ``priority``: every model step's; ``configured_tools``: offer the gateway's tools
+        beside the caller's."""
         config = gw.config
         if model:
             config = config.model_copy(update={"agent": config.agent.model_copy(update={"model": model})})
@@ -104,7 +106,7 @@ class AgentRun:
         self.model = model or config.agent.model or "default"
         self.caller_tools = {t.name for t in tools}
         self.loop = Run(config, goal, session_id or _id("agent"), None, specs, instructions, earlier, steering,
-                        priority)
+                        priority, configured_tools)
         self.metadata: dict[str, str] = {}  # the caller's, echoed on each response of the run
         self._counted = (0, 0, 0)  # the trace's (input, cached, output) tokens when the last response was made
         self.session = scoped(owner, self.loop.trace.session_id)
@@ -321,7 +323,7 @@ async def responses(req: ResponseRequest, gw: Context, owner: Caller, http: Http
     finish = _Finish(runs, http.app.state.stored, run)
     try:
         if not req.stream:
-            made = await unless_disconnected(http, _all(items))
+            made = await unless_disconnected(http, collect(items))
             return finish(run.response(response_id, created, req.previous_response_id, made))
         first = await anext(items, None)  # failures before the first step answer with their status
     except BaseException:  # refused, or the client went away: the run ends here
@@ -351,10 +353,10 @@ def _new_run(req: ResponseRequest, gw: Gateway, owner: str | None, previous: str
     if req.tools and len({t.name for t in req.tools}) < len(req.tools):
         raise bad_request("two tools share a name", "tools")
     items = [InputMessage(role="user", content=req.input)] if isinstance(req.input, str) else req.input
-    instructions = _instructions(req.instructions, items)
+    instructions = instructions_of(req.instructions, items)
     store, steering = req.store is not False, _steering(req)
     if previous is None:
-        goal, earlier = _conversation(items)
+        goal, earlier = conversation_of(items)
         return AgentRun(gw, owner, req.model, goal, req.tools or [], instructions, earlier, store=store,
                         steering=steering, priority=req.priority)
     before, warm = stored.go_on(previous, owner)
@@ -378,14 +380,14 @@ def _steering(req: ResponseRequest) -> Steering:
     return Steering(req.temperature, req.top_p, req.max_output_tokens, choice, req.parallel_tool_calls is not False)
 
 
-def _instructions(instructions: str | None, items: list) -> str | None:
+def instructions_of(instructions: str | None, items: list) -> str | None:
     """The caller's system text: ``instructions`` and the input's system and developer messages."""
     texts = [instructions] if instructions else []
     texts += [i.text for i in items if i.type == "message" and i.role in ("system", "developer")]
     return "\n\n".join(texts) or None
 
 
-def _conversation(items: list) -> tuple[str, Conversation | None]:
+def conversation_of(items: list) -> tuple[str, Conversation | None]:
     """A new run's goal (the input's last user message) and the conversation before it (None: the input is its
     one user message). The first user message opens the conversation; what follows is its history."""
     said = [i for i in items if not (i.type == "message" and i.role in ("system", "developer"))]
@@ -395,7 +397,8 @@ def _conversation(items: list) -> tuple[str, Conversation | None]:
     if len(said) == 1:
         return goal, None
     turns, facts = _turns(said[1:])
-    return goal, Conversation(said[0].text, turns, [], facts)
+    asked = max(i for i, item in enumerate(said) if item.type == "message" and item.role == "user")
+    return goal, Conversation(said[0].text, turns, [], facts, len(_turns(said[asked + 1:])[1]))
 
 
 def _last_question(items: list) -> str:
@@ -470,7 +473,7 @@ def _function_output(req: ResponseRequest) -> FunctionCallOutput:
     return result
 
 
-async def _all(items: AsyncIterator[OutputItem]) -> list[OutputItem]:
+async def collect(items: AsyncIterator[OutputItem]) -> list[OutputItem]:
     return [item async for item in items]
 
 

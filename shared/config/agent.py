@@ -38,6 +38,9 @@ class StepPolicyConfig(Section):
                                           "stands")
     unread_files: bool = Field(True, description="a file the task or a candidate answer names is read before the "
                                                  "answer stands")
+    figures: bool = Field(True, description="a number of a candidate answer that nothing the run read backs (in "
+                                            "either decimal convention) sends it back to be computed; the English "
+                                            "rules, where they apply, check figures with their units instead")
     english_rules: Literal["off", "english", "always"] = Field(
         "english", description="the checks that read English words (units, 'how many', 'total'): off; only for "
                                "a task the model finds to be in English; always")
@@ -102,9 +105,9 @@ class AgentConfig(Section):
     recall_k: int = Field(3, ge=0, le=50, description="memories recalled into a run's first prompt; 0 = off")
     recall_min_score: float = Field(0.35, ge=-1, le=1, description="cosine similarity a recalled memory needs")
     temperature: float = Field(0.0, ge=0, le=2)
-    answer_checks: int = Field(2, ge=0, le=20, description="candidate answers a run may send back because they "
-                                                            "name a file not yet read or hold a number no tool "
-                                                            "gave; 0 = take the first answer")
+    answer_checks: int = Field(2, ge=0, le=20, description="candidate answers a run may send back (the step "
+                                                            "policy's checks: agent.policy); 0 = take the first "
+                                                            "answer")
     policy: StepPolicyConfig = Field(default_factory=StepPolicyConfig)
 
     @field_validator("tools")

@@ -332,6 +332,17 @@ def test_a_task_in_another_language_is_answered_in_it_and_no_english_rule_reads_
     assert judged["messages"][-1]["content"] == JUDGE_QUESTION.format(language=", written in German")
 
 
+def test_a_figure_nothing_backs_is_sent_back_in_any_language():
+    goal = "Wie viel ist 23 * 47?"
+    services = Scripted([answer("Das sind 1000."),
+                         {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}')]},
+                         answer("Das sind 1.081.")], language="German")
+    trace = drive(Run(parse_config({}), goal, "s1", 6), services)
+    assert [s.rejected for s in trace.steps] == ["1000 was not read or computed with a tool; compute with a tool",
+                                                 None, None]
+    assert trace.answer == "Das sind 1.081."  # a German thousands point: 1081
+
+
 def test_an_answer_the_model_judges_unfinished_is_sent_back_with_what_is_missing():
     goal = "What is 23 * 47?"
     services = Scripted([answer("Let me think about it."),

@@ -104,3 +104,55 @@ def test_a_pydantic_ai_agent_runs_a_function_tool_through_the_responses_api(stac
     result = agent.run_sync("How warm is it in the cellar right now?", usage_limits=UsageLimits(request_limit=4))
     assert readings == ["cellar"]
     assert "18.5" in result.output, result.output
+
+
+# --- chat-completions tool loops, with the agent's step policy (model "<name>:agent") -------------------------
+FLOOR = "The bathroom floor has 37 rows of 26 tiles each.\n"
+
+
+def test_the_openai_agents_sdk_chat_completions_loop_finishes_a_multi_step_task_with_the_agent_alias(stack):  # noqa: F811
+    """The SDK's own tool loop over /v1/chat/completions: read a file, compute, answer; every call is the SDK's."""
+    calls = []
+
+    @agents.function_tool
+    def read_file(path: str) -> str:
+        """Reads a text file of the house's notes and returns its text."""
+        calls.append(("read_file", path))
+        return FLOOR if path.endswith("floor.txt") else "no such file"
+
+    @agents.function_tool
+    def calculate(expression: str) -> str:
+        """Evaluates an arithmetic expression such as 12 * 7 and returns the result."""
+        calls.append(("calculate", expression))
+        return str(eval(expression, {"__builtins__": {}}))  # the test's own tool: digits and operators only
+
+    agent = agents.Agent(name="house", tools=[read_file, calculate], model=agents.OpenAIChatCompletionsModel(
+        model="default:agent", openai_client=sdk_client(stack)))
+    result = asyncio.run(agents.Runner.run(agent, "floor.txt says how the bathroom floor is tiled. How many tiles "
+                                                  "does it have?", max_turns=8,
+                                           run_config=agents.RunConfig(tracing_disabled=True)))
+    assert calls[0] == ("read_file", "floor.txt") and "962" in result.final_output, (calls, result.final_output)
+
+
+def test_a_langchain_chat_completions_agent_finishes_a_multi_step_task_with_the_agent_alias(stack):  # noqa: F811
+    calls = []
+
+    @tool
+    def read_file(path: str) -> str:
+        """Reads a text file of the house's notes and returns its text."""
+        calls.append(("read_file", path))
+        return FLOOR if path.endswith("floor.txt") else "no such file"
+
+    @tool
+    def calculate(expression: str) -> str:
+        """Evaluates an arithmetic expression such as 12 * 7 and returns the result."""
+        calls.append(("calculate", expression))
+        return str(eval(expression, {"__builtins__": {}}))
+
+    url = stack["open"]
+    model = ChatOpenAI(model="default:agent", base_url=f"{url}/v1", api_key=FIRST_START_KEYS[url], max_retries=0)
+    agent = langchain_agents.create_agent(model, tools=[read_file, calculate])
+    result = agent.invoke({"messages": [("user", "floor.txt says how the bathroom floor is tiled. How many tiles "
+                                                 "does it have?")]}, {"recursion_limit": 12})
+    answer = result["messages"][-1].text
+    assert calls[0] == ("read_file", "floor.txt") and "962" in answer, (calls, answer)
