@@ -54,7 +54,7 @@ SYSTEM_PROMPT = ("You are an assistant that completes the user's task. Call a to
 _NEXT = ("{note}\nIf a step of the task is still missing (arithmetic: never in your head; another file or "
          "memory), call the tool for it. Otherwise reply with the answer now.")
 #: A candidate answer that the working memory does not back: it is sent back once or twice, with why.
-_NOT_YET = "{note}\nYour last reply did not answer the task yet: {reasons}. Call the tool for the missing step."
+_NOT_YET = "{note}\nYour last reply did not answer the task yet: {reasons}. {then}"
 #: When a run must answer (its last step, or after repeated calls) and its tools found something: a prompt of
 #: the working memory alone, without tools, so no call can be written (under ``tool_choice: "none"`` with the
 #: tools and the history of calls still in the prompt, the 1.5B wrote the next call as JSON text instead).
@@ -322,7 +322,8 @@ class Run:
                 if verdict and verdict.reasons:  # a candidate answer that does not stand: asked again, with why
                     checks -= 1  # (the answer itself stays out of the history: the model would copy it next time)
                     step.rejected = "; ".join(verdict.reasons)
-                    history.append(Turn("user", _NOT_YET.format(note=policy.note(), reasons=step.rejected), note=True))
+                    history.append(Turn("user", _NOT_YET.format(note=policy.note(), reasons=step.rejected,
+                                                                then=verdict.then), note=True))
                     insist = verdict.tool_choice
                     continue
                 if not calls and not step.content:  # nothing said: not an answer; the next step answers from memory

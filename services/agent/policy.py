@@ -11,7 +11,11 @@ The default policy is built from mechanisms that do not read the user's words:
 - **unread files**: a file the task or the answer names (a path looks the same in every language) is read
   before the answer stands, and a task that names one starts with the reader;
 - **backed figures**: a number of the answer that no reading of the task, the memories or the tools' results
-  backs (``services.agent.figures``: "8,40" read with either decimal mark) is sent back to be computed;
+  backs (``services.agent.figures``: "1,5" read with either decimal mark) is sent back to be computed;
+- **computation over the facts**: in the run's session, the model writes the arithmetic that answers the task
+  from the figures found, under a schema that admits numbers and operators only; the loop evaluates it
+  (``shared.arithmetic``), and an answer without that value is sent back with it ("37 * 26 = 962" where the
+  answer gave the 37 rows it read);
 - **tool names**: a reply that names a tool instead of calling it (before any call) is asked again with that
   tool named.
 
@@ -24,11 +28,13 @@ with ``chat`` requests (the sans-I/O pattern of the context budget).
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any, Generator
 
 from services.agent import figures
+from shared.arithmetic import evaluate
 from services.agent.english_rules import EnglishRules
 from services.agent.working_memory import PATH, WorkingMemory, lines
 from shared.config.agent import StepPolicyConfig
@@ -43,9 +49,17 @@ LANGUAGE_SCHEMA = {"type": "object", "properties": {"language": {"type": "string
 JUDGE_QUESTION = ("Check your last reply against the task. Is it the final answer the task asks for (not a plan, "
                   "not a step towards it, not a question back), with every figure taken from the task, the tool "
                   "results or a calculation{language}? If not, say in a few words what is still missing.")
+RECOMPUTE_QUESTION = ("Write the arithmetic that gives the answer to the task from the figures in the task and the "
+                      "tool results, as one expression of numbers (for example 12 * 3 + 4), or null when the answer "
+                      "is not a number.")
+RECOMPUTE_SCHEMA = {"type": "object", "properties": {"expression": {"anyOf": [
+    {"type": "string", "pattern": r"^[-(0-9][-+*/(). 0-9]{0,79}$"}, {"type": "null"}]}},
+    "required": ["expression"], "additionalProperties": False}
 JUDGE_SCHEMA = {"type": "object", "properties": {"final_answer": {"type": "boolean"},
                                                  "missing": {"type": "string", "maxLength": 100}},
                 "required": ["final_answer", "missing"], "additionalProperties": False}
+#: The working memory's name for arithmetic the policy evaluated itself (not a tool the model can call).
+COMPUTED = "computed"
 #: The tool that calculates, when the run has it: the English rules send a wrong unit or a restated figure to it.
 COMPUTE_TOOL = "calculator"
 
@@ -63,11 +77,12 @@ class AskModel:
 
 @dataclass(frozen=True)
 class Verdict:
-    """A candidate answer's review: ``reasons`` it does not stand yet (empty: it stands) and the tool the next step
-    is asked with (a ``tool_choice`` map; None: the model picks)."""
+    """A candidate answer's review: ``reasons`` it does not stand yet (empty: it stands), the tool the next step
+    is asked with (a ``tool_choice`` map; None: the model picks), and what the model is told to do next."""
 
     reasons: list[str] = field(default_factory=list)
     tool_choice: dict | None = None
+    then: str = "Call the tool for the missing step."
 
 
 def named(tool: str) -> dict:
@@ -163,6 +178,8 @@ class StepPolicy:
         if reasons:
             compute = COMPUTE_TOOL in self.tools and bool(english and english.needs_computing(answer))
             return Verdict(reasons, named(COMPUTE_TOOL) if compute else self._tool_in(answer))
+        if self.settings.recompute and (reason := (yield from self._recomputed(answer))):
+            return Verdict([reason], then="Reply with the answer now.")
         if self.settings.judge:
             language = f", written in {self.language}" if self.settings.answer_language and self.language else ""
             judged = yield AskModel(JUDGE_QUESTION.format(language=language), JUDGE_SCHEMA, about=answer)
@@ -170,6 +187,22 @@ class StepPolicy:
                 missing = judged["missing"].strip() or "it is not the final answer yet"
                 return Verdict([missing], self._tool_in(answer))
         return Verdict()
+
+    def _recomputed(self, answer: str) -> Generator[AskModel, Any, str | None]:
+        """Why ``answer`` does not stand by the arithmetic the model writes for the task (None: it stands, or
+        the model wrote none, or only a figure: a lookup, which the figures check covers)."""
+        reply = yield AskModel(RECOMPUTE_QUESTION, RECOMPUTE_SCHEMA, about=answer)
+        expression = reply.get("expression") if reply else None
+        if not expression or not any(op in expression.lstrip("-") for op in "+-*/"):
+            return None
+        try:
+            value = evaluate(expression)
+        except (SyntaxError, ValueError, ArithmeticError, TypeError):
+            return None
+        if figures.gives(answer, float(value)):
+            return None
+        self.memory.add(COMPUTED, json.dumps({"expression": expression.strip()}), str(value))  # backs that figure
+        return f"by the figures found, the answer is {expression.strip()} = {value}"
 
     def _unbacked(self, answer: str) -> list[str]:
         """Why ``answer``'s figures do not stand: numbers nothing the run knows backs (once a tool ran or the task

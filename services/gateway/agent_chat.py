@@ -88,10 +88,9 @@ def _items(messages: list[ChatMessage]) -> list:
 
 
 def _steering(req: ChatCompletionRequest) -> Steering:
-    choice = req.tool_choice
-    if choice is not None and not isinstance(choice, str):
-        choice = {"type": "function", "function": {"name": choice.function.name}}
-    return Steering(req.temperature, req.top_p, req.max_completion_tokens or req.max_tokens, choice or "auto",
+    choice: str | dict = (req.tool_choice or "auto" if isinstance(req.tool_choice, str) or req.tool_choice is None
+                          else {"type": "function", "function": {"name": req.tool_choice.function.name}})
+    return Steering(req.temperature, req.top_p, req.max_completion_tokens or req.max_tokens, choice,
                     req.parallel_tool_calls is not False)
 
 
@@ -99,19 +98,19 @@ def _result(run: AgentRun) -> wire.ChatResult:
     """The run's outcome as one chat turn: the call it hands out, or its answer; its tokens over all its steps."""
     trace = run.loop.trace
     if trace.stopped == "error" and run.waiting is None:
-        code, _, message = (trace.error or "internal: the run failed").partition(": ")
-        raise from_service_error(ServiceError(code, message))
+        code, _, why = (trace.error or "internal: the run failed").partition(": ")
+        raise from_service_error(ServiceError(code, why))
     stats = wire.Stats(prompt_tokens=sum(step.prompt_tokens for step in trace.steps), cached_tokens=trace.cached_tokens,
                        prefill_tokens=trace.prompt_tokens, completion_tokens=trace.output_tokens,
                        total_s=trace.elapsed_s, model=run.model)
     if run.waiting is not None:
         call = wire.ToolCall(id=run.waiting.call_id, type="function",
                              function=wire.CalledFunction(name=run.waiting.name, arguments=run.waiting.arguments))
-        message = wire.AssistantMessage(content=None, tool_calls=[call])
-        return wire.ChatResult(message=message, finish_reason="tool_calls", stats=stats)
+        return wire.ChatResult(message=wire.AssistantMessage(content=None, tool_calls=[call]),
+                               finish_reason="tool_calls", stats=stats)
     answer = trace.answer or (trace.steps[-1].content if trace.steps else "") or "I could not finish the task."
-    reason = "length" if trace.stopped == "max_output_tokens" else "stop"
-    return wire.ChatResult(message=wire.AssistantMessage(content=answer), finish_reason=reason, stats=stats)
+    return wire.ChatResult(message=wire.AssistantMessage(content=answer), stats=stats,
+                           finish_reason="length" if trace.stopped == "max_output_tokens" else "stop")
 
 
 async def _replay(chunks):

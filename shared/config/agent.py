@@ -41,6 +41,9 @@ class StepPolicyConfig(Section):
     figures: bool = Field(True, description="a number of a candidate answer that nothing the run read backs (in "
                                             "either decimal convention) sends it back to be computed; the English "
                                             "rules, where they apply, check figures with their units instead")
+    recompute: bool = Field(True, description="the model writes the arithmetic that answers the task from the "
+                                              "figures found (numbers and operators only, in the run's session); "
+                                              "an answer without its value is sent back with it")
     english_rules: Literal["off", "english", "always"] = Field(
         "english", description="the checks that read English words (units, 'how many', 'total'): off; only for "
                                "a task the model finds to be in English; always")

@@ -28,7 +28,7 @@ class Checked:
 
     def __init__(self, goal, memories=(), facts=None, compute_tool=None):
         self.memory = WorkingMemory(goal, memories, facts if facts is not None else [], compute_tool)
-        settings = StepPolicyConfig(answer_language=False, judge=False, english_rules="always")
+        settings = StepPolicyConfig(answer_language=False, judge=False, recompute=False, english_rules="always")
         self.policy = StepPolicy(settings, self.memory, TOOLS)
         drive(self.policy.begin(), no_question)
         self.rules = self.policy.english
