@@ -49,9 +49,10 @@ LANGUAGE_SCHEMA = {"type": "object", "properties": {"language": {"type": "string
 JUDGE_QUESTION = ("Check your last reply against the task. Is it the final answer the task asks for (not a plan, "
                   "not a step towards it, not a question back), with every figure taken from the task, the tool "
                   "results or a calculation{language}? If not, say in a few words what is still missing.")
-RECOMPUTE_QUESTION = ("Write the arithmetic that gives the answer to the task from the figures in the task and the "
-                      "tool results, as one expression of numbers (for example 12 * 3 + 4), or null when the answer "
-                      "is not a number.")
+RECOMPUTE_QUESTION = ("How is the answer to the task obtained from the figures in the task and the tool results? "
+                      "Write it as one expression of numbers: the figure itself when the answer is a figure found as "
+                      "it is, the arithmetic when it must be computed from them; null when the answer is not a "
+                      "number.")
 RECOMPUTE_SCHEMA = {"type": "object", "properties": {"expression": {"anyOf": [
     {"type": "string", "pattern": r"^[-(0-9][-+*/(). 0-9]{0,79}$"}, {"type": "null"}]}},
     "required": ["expression"], "additionalProperties": False}
