@@ -47,8 +47,9 @@ log = structlog.get_logger("agent")
 #: What the model is told; bench_agent.py gives the plain tool loop it compares with the same text.
 SYSTEM_PROMPT = ("You are an assistant that completes the user's task. Call a tool only when the task needs what "
                  "it does; otherwise answer directly from what you know. Once the tool results give you what "
-                 "you need, reply with the answer in one short sentence, in the language of the task, and call no "
-                 "more tools.")
+                 "you need, reply with the answer in one short sentence and call no more tools.")
+#: (The answer's language is said in the working-memory note, not here: ", in the language of the task," in this
+#: prompt made the 1.5B write a conversion's formula instead of calling the calculator.)
 #: After tool results, below the working memory (the task, what the tools gave, what is still missing): small
 #: models otherwise go on calling tools after they have what they need, or answer with an intermediate result.
 _NEXT = ("{note}\nIf a step of the task is still missing (arithmetic: never in your head; another file or "
@@ -462,8 +463,12 @@ class Run:
         """Carry the step policy's questions to the model; its result. A question about a candidate answer goes
         in the run's session after ``built`` (the prompt that answer replied to, with its ``tools``, so the
         template renders the same prefix) and the answer: only those two turns are prefilled, and the next
-        prompt, which leaves them out, still reuses the KV before them."""
+        prompt, which leaves them out, still reuses the KV before them. A question the run's token cap
+        (``max_output_tokens``) has no room for is not asked: no answer to it."""
         def ask(op: AskModel) -> Generator[Request, Any, dict | None]:
+            left = self._budget_left()
+            if left is not None and left < _ASK_TOKENS:  # the caller's cap counts every token: no room to ask
+                return None
             turn = [{"role": "user", "content": op.question}]
             params: dict[str, Any] = {}
             if op.about is not None and built is not None:

@@ -100,7 +100,7 @@ def _result(run: AgentRun) -> wire.ChatResult:
     if trace.stopped == "error" and run.waiting is None:
         code, _, why = (trace.error or "internal: the run failed").partition(": ")
         raise from_service_error(ServiceError(code, why))
-    stats = wire.Stats(prompt_tokens=sum(step.prompt_tokens for step in trace.steps), cached_tokens=trace.cached_tokens,
+    stats = wire.Stats(prompt_tokens=trace.prompt_tokens + trace.cached_tokens, cached_tokens=trace.cached_tokens,
                        prefill_tokens=trace.prompt_tokens, completion_tokens=trace.output_tokens,
                        total_s=trace.elapsed_s, model=run.model)
     if run.waiting is not None:

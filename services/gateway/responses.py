@@ -203,7 +203,7 @@ class AgentRun:
     def _usage(self) -> ResponseUsage:
         """What the steps since the last response cost (OpenAI counts usage per response)."""
         trace = self.loop.trace
-        now = (sum(step.prompt_tokens for step in trace.steps), trace.cached_tokens, trace.output_tokens)
+        now = (trace.prompt_tokens + trace.cached_tokens, trace.cached_tokens, trace.output_tokens)  # every turn's
         (inputs, cached, outputs), self._counted = (a - b for a, b in zip(now, self._counted)), now
         return ResponseUsage(input_tokens=inputs, input_tokens_details=InputTokensDetails(cached_tokens=cached),
                              output_tokens=outputs, total_tokens=inputs + outputs)

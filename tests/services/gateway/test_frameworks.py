@@ -128,8 +128,8 @@ def test_the_openai_agents_sdk_chat_completions_loop_finishes_a_multi_step_task_
 
     agent = agents.Agent(name="house", tools=[read_file, calculate], model=agents.OpenAIChatCompletionsModel(
         model="default:agent", openai_client=sdk_client(stack)))
-    result = asyncio.run(agents.Runner.run(agent, "floor.txt says how the bathroom floor is tiled. How many tiles "
-                                                  "does it have?", max_turns=8,
+    result = asyncio.run(agents.Runner.run(agent, "floor.txt says how the bathroom floor is tiled. Compute how "
+                                                  "many tiles it has.", max_turns=8,
                                            run_config=agents.RunConfig(tracing_disabled=True)))
     assert calls[0] == ("read_file", "floor.txt") and "962" in result.final_output, (calls, result.final_output)
 
@@ -152,7 +152,7 @@ def test_a_langchain_chat_completions_agent_finishes_a_multi_step_task_with_the_
     url = stack["open"]
     model = ChatOpenAI(model="default:agent", base_url=f"{url}/v1", api_key=FIRST_START_KEYS[url], max_retries=0)
     agent = langchain_agents.create_agent(model, tools=[read_file, calculate])
-    result = agent.invoke({"messages": [("user", "floor.txt says how the bathroom floor is tiled. How many tiles "
-                                                 "does it have?")]}, {"recursion_limit": 12})
+    result = agent.invoke({"messages": [("user", "floor.txt says how the bathroom floor is tiled. Compute how "
+                                                 "many tiles it has.")]}, {"recursion_limit": 12})
     answer = result["messages"][-1].text
     assert calls[0] == ("read_file", "floor.txt") and "962" in answer, (calls, answer)
