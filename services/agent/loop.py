@@ -65,7 +65,8 @@ _ANSWER_NOW = "{note}\nAnswer the task now from what was found, in one short sen
 _REPEATED = "{output}\n(This call was made before; this is its result again. Do not repeat it.)"
 _SUMMARY_PROMPT = ("Summarize the conversation above in a few sentences. Keep every name, number, file name and "
                    "tool result that the task may still need.")
-#: A question the step policy asks the model (its language, a judgment of its answer): a short JSON object.
+#: A question the step policy asks the model (the task's language, the arithmetic for an answer, a judgment of
+#: it): a short JSON object.
 _ASK_TOKENS = 64
 #: Tokens a template's tool section adds beyond the tools' JSON, before the first reply tells the real figure.
 _TEMPLATE_GUESS = 128
@@ -119,6 +120,7 @@ class Trace:
     stopped: str = "max_iterations"  # final_answer | max_iterations | max_output_tokens | error
     error: str | None = None
     memories: list[str] = field(default_factory=list)  # recalled into the first prompt
+    language: str | None = None  # the task's, as the model named it (agent.policy.answer_language)
     warnings: list[str] = field(default_factory=list)  # what failed but did not stop the run
     elapsed_s: float = 0.0
     prompt_tokens: int = 0  # prefilled
@@ -259,6 +261,7 @@ class Run:
                                                  compute_tool=COMPUTE_TOOL if COMPUTE_TOOL in tool_names else None)
             policy = StepPolicy(self.config.agent.policy, memory, specs)
             yield from self._asked(policy.begin())
+            trace.language = policy.language
             checks = self.config.agent.answer_checks
             history = self.history
             made: dict[tuple[str, str], ToolCall] = {  # (tool, arguments) of each call already run for this question

@@ -489,8 +489,15 @@ def test_a_conversation_with_caller_calls_reuses_its_kv_and_answers_as_the_whole
 
 
 def calls(items: list[dict]) -> list[dict]:
-    """A turn's calls and results, without the ids each run gives them."""
-    return [{k: v for k, v in item.items() if k != "call_id"} for item in items if "call_id" in item]
+    """A turn's calls and results, without the ids each run gives them, their arguments however spaced: a warm KV
+    is prefilled in other batch shapes than a cold one, and "9/5" or "9 / 5" can be a near tie (docs/scheduler.md)."""
+    def same(item: dict) -> dict:
+        item = {k: v for k, v in item.items() if k != "call_id"}
+        if "arguments" in item:
+            item["arguments"] = {k: "".join(v.split()) if isinstance(v, str) else v
+                                 for k, v in json.loads(item["arguments"]).items()}
+        return item
+    return [same(item) for item in items if "call_id" in item]
 
 
 def test_a_re_sent_history_may_hold_the_gateways_own_tool_call_items(stack):
