@@ -104,3 +104,15 @@ def test_a_session_runs_calls_on_the_cases_own_instances_and_refuses_what_is_no_
         session.close()
     record = Record(case.id, "test", turns=[[list(turn)] for turn in case.ground_truth])
     assert score(case, record).ok
+
+
+def test_turns_passed_counts_the_leading_turns_the_official_checker_passes(cases):
+    case = cases[0]
+    right = [[list(turn)] for turn in case.ground_truth]
+    assert official.turns_passed(case, right) == len(case.ground_truth) == 4
+    assert official.turns_passed(case, right[:3] + [[]]) == 3
+    assert official.turns_passed(case, right[:2]) == 2
+    assert official.turns_passed(case, [[]] + right[1:]) == 0
+    record = score(case, Record(case.id, "test", turns=right[:3] + [[]]))
+    assert not record.ok and (record.turns_ok, record.n_turns) == (3, 4)
+    assert Record.from_dict(record.to_dict()).turns == record.turns

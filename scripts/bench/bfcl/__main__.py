@@ -113,6 +113,7 @@ def summary(records: list[Record]) -> dict:
     return {"passed": sum(r.ok for r in records), "cases": len(records),
             "accuracy": sum(r.ok for r in records) / n, "seconds_per_case": sum(r.seconds for r in records) / n,
             "steps_per_case": sum(r.steps for r in records) / n,
+            "turns_passed": sum(r.turns_ok for r in records), "turns": sum(r.n_turns for r in records),
             "errors": sum(r.error is not None for r in records)}
 
 
@@ -122,11 +123,13 @@ def print_table(results: dict[str, list[Record]], model: str, version: str | Non
           f"{provision.VERSION}'s multi_turn_checker")
     if version:
         print(f"peer: llama-server --jinja ({version}) + openai {__import__('openai').__version__} loop")
-    print(f"{'system':<11}{'passed':>9}{'accuracy':>10}{'s/case':>9}{'steps/case':>12}{'errors':>8}")
+    print(f"{'system':<11}{'passed':>9}{'accuracy':>10}{'s/case':>9}{'steps/case':>12}{'errors':>8}"
+          f"{'turns passed':>14}")
     sums = {s: summary(r) for s, r in results.items()}
     for system, s in sums.items():
         print(f"{system:<11}{str(s['passed']) + '/' + str(s['cases']):>9}{100 * s['accuracy']:>9.1f}%"
-              f"{s['seconds_per_case']:>9.1f}{s['steps_per_case']:>12.1f}{s['errors']:>8}")
+              f"{s['seconds_per_case']:>9.1f}{s['steps_per_case']:>12.1f}{s['errors']:>8}"
+              f"{str(s['turns_passed']) + '/' + str(s['turns']):>14}")
     if "responses" in sums:
         for other in ("chat", "peer"):
             if other in sums:
@@ -137,6 +140,25 @@ def print_table(results: dict[str, list[Record]], model: str, version: str | Non
     if "responses" in results:
         print("responses: later turns continue with previous_response_id (the gateway's conversation "
               "continuation), not a re-sent transcript")
+    print("turns passed: the leading turns of each case the official checker passes (it stops at a case's first "
+          "failing turn), summed")
+
+
+def rescore(args, cases: list[official.Case]) -> int:
+    saved = json.loads(args.rescore.read_text())
+    by_id = {c.id: c for c in cases}
+    results = {system: [score(by_id[r["case"]], Record.from_dict(r)) for r in records]
+               for system, records in saved["cases"].items()}
+    print_table(results, saved["model"], saved.get("llama_server"), len(next(iter(results.values()), [])), args)
+    if args.json:
+        write_json(args.json, saved["model"], saved.get("llama_server"), results)
+    return 0
+
+
+def write_json(path: Path, model: str, version: str | None, results: dict[str, list[Record]]) -> None:
+    path.write_text(json.dumps({"model": model, "llama_server": version, "summary": {
+        s: summary(r) for s, r in results.items()}, "cases": {s: [r.to_dict() for r in rs]
+                                                             for s, rs in results.items()}}, indent=1))
 
 
 def main() -> int:
@@ -159,6 +181,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one request may take (default 1800)")
     parser.add_argument("--json", type=Path, help="write every case's record (calls, answers, verdict) here")
     parser.add_argument("--no-lock", action="store_true", help=f"do not take {HEAVY_LOCK} (already held)")
+    parser.add_argument("--rescore", type=Path, metavar="JSON",
+                        help="run no model: score the calls a --json file recorded again and print its table")
     args = parser.parse_args()
     args.systems = [s for s in args.systems.split(",") if s]
     if unknown := set(args.systems) - set(SYSTEMS):
@@ -178,6 +202,8 @@ def main() -> int:
     except provision.ProvisionError as err:
         raise SystemExit(f"bfcl: {err}") from None
     cases = official.load_cases(root)
+    if args.rescore:
+        return rescore(args, cases)
     if args.cases:
         wanted = args.cases.split(",")
         by_id = {c.id: c for c in cases}
@@ -198,9 +224,7 @@ def main() -> int:
     results = {s: results[s] for s in SYSTEMS if s in results}
     print_table(results, model_name, version, len(cases), args)
     if args.json:
-        args.json.write_text(json.dumps({"model": model_name, "llama_server": version, "summary": {
-            s: summary(r) for s, r in results.items()}, "cases": {s: [r.to_dict() for r in rs]
-                                                                 for s, rs in results.items()}}, indent=1))
+        write_json(args.json, model_name, version, results)
     return 0
 
 

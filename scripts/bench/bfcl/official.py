@@ -203,6 +203,23 @@ def forget(model_name: str) -> None:
         del names[key]
 
 
+def turns_passed(case: Case, calls: list[list[list[str]]]) -> int:
+    """How many of the case's turns, from the first, the official checker passes (it stops at the first turn
+    that fails): the checker run on each prefix of the turns, a finer figure than the case's verdict."""
+    for k in range(1, len(case.ground_truth) + 1):
+        if len(calls) < k:
+            return k - 1
+        name = f"magnitude_check_{uuid.uuid4().hex[:12]}"
+        try:
+            verdict = _checker().multi_turn_checker([[step for step in turn if step] for turn in calls[:k]],
+                                                    case.ground_truth[:k], case.entry, CATEGORY, name)
+        finally:
+            forget(name)
+        if not verdict["valid"]:
+            return k - 1
+    return len(case.ground_truth)
+
+
 def check(case: Case, calls: list[list[list[str]]]) -> dict:
     """The official verdict on a case: ``calls`` per turn, per model step, the calls it made (as call strings);
     bfcl_eval's multi_turn_checker replays them and the ground truth on fresh instances and compares the state

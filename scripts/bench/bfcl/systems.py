@@ -25,7 +25,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from scripts.bench.bfcl.official import Case, Session, check, response_tool, tool_spec
+from scripts.bench.bfcl.official import Case, Session, check, response_tool, tool_spec, turns_passed
 
 SYSTEMS = ("responses", "chat", "peer")
 
@@ -42,6 +42,8 @@ class Record:
     error: str | None = None  # why the case stopped early
     notes: list[str] = field(default_factory=list)
     verdict: dict = field(default_factory=dict)  # the official checker's
+    turns_ok: int = 0  # leading turns the official checker passes
+    n_turns: int = 0  # the case's turns
 
     @property
     def ok(self) -> bool:
@@ -50,8 +52,15 @@ class Record:
     def to_dict(self) -> dict:
         verdict = {k: v for k, v in self.verdict.items() if k in ("valid", "error_type", "error_message")}
         return {"case": self.case, "system": self.system, "ok": self.ok, "verdict": verdict,
-                "seconds": round(self.seconds, 2), "steps": self.steps, "refused": self.refused,
-                "error": self.error, "notes": self.notes, "calls": self.turns, "answers": self.answers}
+                "turns_ok": self.turns_ok, "turns": self.n_turns, "seconds": round(self.seconds, 2),
+                "steps": self.steps, "refused": self.refused, "error": self.error, "notes": self.notes,
+                "calls": self.turns, "answers": self.answers}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Record:
+        """A record as ``to_dict`` wrote it, unscored (``--rescore``)."""
+        return cls(d["case"], d["system"], turns=d["calls"], answers=d["answers"], steps=d["steps"],
+                   refused=d["refused"], seconds=d["seconds"], error=d["error"], notes=d["notes"])
 
 
 def _arguments(text: str | None) -> Any:
@@ -184,8 +193,10 @@ def run_chat(client: Any, system: str, model: str, case: Case, max_steps: int, m
 
 
 def score(case: Case, record: Record) -> Record:
+    record.n_turns = len(case.ground_truth)
     try:
         record.verdict = check(case, record.turns)
+        record.turns_ok = record.n_turns if record.ok else turns_passed(case, record.turns)
     except Exception as err:  # the checker itself failed on what the model did: a failed case, said why
         record.verdict = {"valid": False, "error_type": "checker_exception", "error_message": f"{err}"[:300]}
     return record
@@ -196,4 +207,4 @@ def progress(i: int, n: int, record: Record) -> None:
     calls = sum(len(s) for t in record.turns for s in t)
     why = record.error or ("" if record.ok else record.verdict.get("error_type", ""))
     print(f"  [{record.system} {i}/{n}] {mark} {record.case:<20} {record.seconds:6.1f}s {record.steps:3d} steps "
-          f"{calls:3d} calls  {why}", file=sys.stderr, flush=True)
+          f"{calls:3d} calls, turns passed {record.turns_ok}/{record.n_turns}  {why}", file=sys.stderr, flush=True)
