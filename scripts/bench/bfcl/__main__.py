@@ -174,8 +174,8 @@ def main() -> int:
     parser.add_argument("--max-steps", type=int, default=8, help="model steps per turn, every system (default 8)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per model step (default 256)")
     parser.add_argument("--n-ctx", type=int, default=16384,
-                        help="context size, every system (default 16384: two classes' function docs are up to "
-                             "~9k tokens)")
+                        help="context size, every system (default 16384: a case's function docs are up to ~5k "
+                             "tokens, and up to seven turns of calls and outputs follow)")
     parser.add_argument("--threads", type=int, default=0, help="threads, both engines (0: Magnitude's default, "
                                                                "llama-server: one per CPU)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one request may take (default 1800)")
