@@ -21,6 +21,7 @@ The whole run holds the shared heavy-job lock (/tmp/magnitude-heavy.lock), as sc
 Needs the ``bench`` extra (the pinned ``openai`` client).
 
     .venv/bin/python -m scripts.bench.bfcl --limit 10
+    .venv/bin/python -m scripts.bench.bfcl --spread 10          # cases 0, 20, ..., 180: every API group
     .venv/bin/python -m scripts.bench.bfcl --systems responses,chat --limit 3 --json /tmp/bfcl.json
     .venv/bin/python -m scripts.bench.bfcl --model /path/to/other.gguf --cases multi_turn_base_7,multi_turn_base_9
 """
@@ -117,8 +118,17 @@ def summary(records: list[Record]) -> dict:
             "errors": sum(r.error is not None for r in records)}
 
 
-def print_table(results: dict[str, list[Record]], model: str, version: str | None, n: int, args) -> None:
-    print(f"\nBFCL v4 {official.CATEGORY}: {n} of 200 cases, model {model}, max {args.max_steps} steps of "
+def which(ids: list[str]) -> str:
+    """The cases run, in a few words: "the first 10", or their numbers."""
+    numbers = [int(i.rsplit("_", 1)[1]) for i in ids]
+    if numbers == list(range(len(numbers))):
+        return f"the first {len(numbers)}"
+    return "numbers " + ",".join(map(str, numbers))
+
+
+def print_table(results: dict[str, list[Record]], model: str, version: str | None, ids: list[str], args) -> None:
+    n = len(ids)
+    print(f"\nBFCL v4 {official.CATEGORY}: {n} of 200 cases ({which(ids)}), model {model}, max {args.max_steps} steps of "
           f"{args.max_tokens} tokens per turn, n_ctx {args.n_ctx}, temperature 0; scored by bfcl-eval "
           f"{provision.VERSION}'s multi_turn_checker")
     if version:
@@ -149,7 +159,8 @@ def rescore(args, cases: list[official.Case]) -> int:
     by_id = {c.id: c for c in cases}
     results = {system: [score(by_id[r["case"]], Record.from_dict(r)) for r in records]
                for system, records in saved["cases"].items()}
-    print_table(results, saved["model"], saved.get("llama_server"), len(next(iter(results.values()), [])), args)
+    ids = [r.case for r in next(iter(results.values()), [])]
+    print_table(results, saved["model"], saved.get("llama_server"), ids, args)
     if args.json:
         write_json(args.json, saved["model"], saved.get("llama_server"), results)
     return 0
@@ -167,6 +178,9 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--limit", type=int, help="run only the first N cases (of 200)")
     parser.add_argument("--cases", help="comma-separated case ids (e.g. multi_turn_base_7) instead of the first N")
+    parser.add_argument("--spread", type=int, metavar="N",
+                        help="N cases evenly spaced over the set (0, 200/N, ...): the set is grouped by API (file "
+                             "system, vehicle, trading, travel, in blocks of 50), so the first N see one or two")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"which of {', '.join(SYSTEMS)} to run, comma-separated (default: all)")
     parser.add_argument("--model", default=catalog.DEFAULT_AGENT_MODEL,
@@ -210,6 +224,8 @@ def main() -> int:
         if missing := [w for w in wanted if w not in by_id]:
             parser.error(f"no such cases: {', '.join(missing)}")
         cases = [by_id[w] for w in wanted]
+    if args.spread:
+        cases = cases[::max(len(cases) // args.spread, 1)][:args.spread]
     cases = cases[:args.limit]
     binary = llama_server.build() if "peer" in args.systems else None
     version = llama_server.version(binary) if binary else None
@@ -222,7 +238,7 @@ def main() -> int:
         if binary is not None:
             results["peer"] = run_peer(binary, model_path, home, cases, args)
     results = {s: results[s] for s in SYSTEMS if s in results}
-    print_table(results, model_name, version, len(cases), args)
+    print_table(results, model_name, version, [c.id for c in cases], args)
     if args.json:
         write_json(args.json, model_name, version, results)
     return 0
