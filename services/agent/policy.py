@@ -13,9 +13,9 @@ The default policy is built from mechanisms that do not read the user's words:
 - **backed figures**: a number of the answer that no reading of the task, the memories or the tools' results
   backs (``services.agent.figures``: "1,5" read with either decimal mark) is sent back to be computed;
 - **computation over the facts**: in the run's session, the model writes the arithmetic that answers the task
-  from the figures found, under a schema that admits numbers and operators only; the loop evaluates it
-  (``shared.arithmetic``), and an answer without that value is sent back with it ("37 * 26 = 962" where the
-  answer gave the 37 rows it read);
+  from the figures found, under a schema that admits numbers and operators only; where every figure of it was
+  found, the loop evaluates it (``shared.arithmetic``), and an answer without that value is sent back with it
+  ("37 * 26 = 962" where the answer gave the 37 rows it read);
 - **tool names**: a reply that names a tool instead of calling it (before any call) is asked again with that
   tool named.
 
@@ -196,6 +196,8 @@ class StepPolicy:
         expression = reply.get("expression") if reply else None
         if not expression or not any(op in expression.lstrip("-") for op in "+-*/"):
             return None
+        if figures.unbacked(expression, self._sources()):  # arithmetic over figures it did not find: not the facts'
+            return None  # (for a wifi password, the 1.5B wrote 40 + 5)
         try:
             value = evaluate(expression)
         except (SyntaxError, ValueError, ArithmeticError, TypeError):
@@ -212,12 +214,15 @@ class StepPolicy:
         memory = self.memory
         if not self.settings.figures or not (memory.facts or figures.values(memory.goal)):
             return []
-        results = [result for _, _, result in memory.facts]
-        listed = max((len(lines(result)) for result in results), default=0)
-        if invented := figures.unbacked(answer, [memory.goal, *memory.memories, *results], listed):
+        listed = max((len(lines(result)) for _, _, result in memory.facts), default=0)
+        if invented := figures.unbacked(answer, self._sources(), listed):
             was = "was" if len(invented) == 1 else "were"
             return [f"{', '.join(invented)} {was} not read or computed with a tool; compute with a tool"]
         return []
+
+    def _sources(self) -> list[str]:
+        """What backs a figure: the task, the recalled memories, every tool result."""
+        return [self.memory.goal, *self.memory.memories, *(result for _, _, result in self.memory.facts)]
 
     def _tool_in(self, answer: str) -> dict | None:
         """A plan in prose sent back: the tool it means to use."""

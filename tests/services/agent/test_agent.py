@@ -360,6 +360,12 @@ def test_an_answer_without_the_value_of_the_arithmetic_the_model_writes_for_it_i
     trace = drive(Run(parse_config({}), goal, "s1", 6), services)
     assert trace.answer == "Es hat 962 Fliesen."
     assert [s.rejected for s in trace.steps] == [None, "by the figures found, the answer is 37 * 26 = 962", None]
+    # arithmetic over figures nothing found is not the facts': a lookup's answer stands
+    services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "wifi.txt"}')]},
+                          answer("The password is blue-fox.")], {"wifi.txt": "password: blue-fox\n"},
+                         expressions=["40 + 5"])
+    trace = drive(Run(parse_config({}), "What is the wifi password in wifi.txt?", "s1", 6), services)
+    assert trace.answer == "The password is blue-fox." and not any(s.rejected for s in trace.steps)
 
 
 def test_an_answer_the_model_judges_unfinished_is_sent_back_with_what_is_missing():
