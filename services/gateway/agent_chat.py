@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import Header
+from pydantic import ValidationError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from services.agent.loop import Steering
@@ -52,7 +53,11 @@ async def agent_completion(http, gw: Gateway, req: ChatCompletionRequest, owner:
     if req.n not in (None, 1):
         raise bad_request("n must be 1 with the agent's step policy", "n")
     model = (req.model or "").removesuffix(AGENT_SUFFIX) or None
-    items = _items(req.messages)
+    try:
+        items = _items(req.messages)
+    except ValidationError as err:  # a message the Responses API's items cannot hold (a tool reply with no id)
+        raise bad_request(f"a message cannot be read as a conversation turn: {err.errors()[0]['msg']}",
+                          "messages") from None
     goal, earlier = conversation_of(items)
     tools = [FunctionTool(type="function", **t.function.model_dump()) for t in req.tools or []]
     run = AgentRun(gw, owner, model if model != "default" else None, goal, tools, instructions_of(None, items),

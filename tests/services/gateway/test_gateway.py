@@ -199,6 +199,12 @@ def test_400_bad_request(client):
     assert err.value.body["param"] == "temperature" and err.value.body["type"] == "invalid_request_error"
     with pytest.raises(openai.BadRequestError, match="n_ctx"):  # refused by inference itself
         client.completions.create(model=BASE_MODEL, prompt="word " * 2000, max_tokens=4)
+    # the agent's step policy reads a history as a conversation: a tool reply that names no call is the client's
+    # error, not the gateway's (schemathesis found it as a 500)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="default:agent", messages=[
+            {"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}], max_tokens=4)
+    assert err.value.body["param"] == "messages"
 
 
 def test_404_unknown_model(client):
