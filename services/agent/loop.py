@@ -247,9 +247,9 @@ class Run:
         started = time.monotonic()
         try:
             steering = self.steering
-            configured = (tool_specs((yield self._ask("tools", "tool.list"))["tools"])
-                          if self.configured_tools and steering.tool_choice != "none" else [])
-            specs = [] if steering.tool_choice == "none" else configured + self.caller_tools
+            specs = [] if steering.tool_choice == "none" else (
+                (tool_specs((yield self._ask("tools", "tool.list"))["tools"]) if self.configured_tools else [])
+                + self.caller_tools)
             n_ctx = (yield self._ask("inference", "health")).get("n_ctx") or self.config.engine.n_ctx
             context = ContextManager(n_ctx, self.config.memory.budget, self.config.memory.summary_max_tokens)
             context.overhead = (yield from self._budgeted(context.count(json.dumps(specs)))) + _TEMPLATE_GUESS

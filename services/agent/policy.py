@@ -15,7 +15,7 @@ The default policy is built from mechanisms that do not read the user's words:
 - **computation over the facts**: in the run's session, the model writes the arithmetic that answers the task
   from the figures found, under a schema that admits numbers and operators only; where every figure of it was
   found, the loop evaluates it (``shared.arithmetic``), and an answer without that value is sent back with it
-  ("37 * 26 = 962" where the answer gave the 37 rows it read);
+  (an answer that gives one of the figures read, where the task asks for their product, is told the product);
 - **tool names**: a reply that names a tool instead of calling it (before any call) is asked again with that
   tool named.
 
@@ -197,7 +197,7 @@ class StepPolicy:
         if not expression or not any(op in expression.lstrip("-") for op in "+-*/"):
             return None
         if figures.unbacked(expression, self._sources()):  # arithmetic over figures it did not find: not the facts'
-            return None  # (for a wifi password, the 1.5B wrote 40 + 5)
+            return None  # (for a lookup whose answer is text, the 1.5B wrote a sum of figures it made up)
         try:
             value = evaluate(expression)
         except (SyntaxError, ValueError, ArithmeticError, TypeError):

@@ -22,6 +22,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,8 +110,8 @@ def run_responses(client: ResponsesClient, case: Case, max_calls: int) -> Record
     of a run are capped by the gateway's ``agent.max_iterations``)."""
     record, session = Record(case.id, "responses"), Session(case, "responses")
     tools = [response_tool(tool_spec(f)) for f in case.functions]
-    t0, previous = time.monotonic(), None
-    try:
+    previous = None
+    with _recorded(record, session):
         for turn in case.turns:
             steps: dict[int, list[str]] = {}
             body: dict = {"input": _user_text(turn), "tools": tools}
@@ -143,11 +145,6 @@ def run_responses(client: ResponsesClient, case: Case, max_calls: int) -> Record
                 record.error = f"turn {len(record.turns) - 1} ended {response['status']}"
                 break
             previous = response["id"]
-    except Exception as err:  # the gateway refused or failed: this case failed, the bench goes on
-        record.error = f"{type(err).__name__}: {err}"[:400]
-    finally:
-        session.close()
-    record.seconds = time.monotonic() - t0
     return record
 
 
@@ -159,8 +156,7 @@ def run_chat(client: Any, system: str, model: str, case: Case, max_steps: int, m
     record, session = Record(case.id, system), Session(case, system)
     tools = [tool_spec(f) for f in case.functions]
     messages: list[dict] = []
-    t0 = time.monotonic()
-    try:
+    with _recorded(record, session):
         for index, turn in enumerate(case.turns):
             messages += [{"role": m["role"], "content": m["content"]} for m in turn]
             steps: list[list[str]] = []
@@ -184,12 +180,21 @@ def run_chat(client: Any, system: str, model: str, case: Case, max_steps: int, m
                 record.notes.append(f"turn {index}: {max_steps} steps, still calling")
             record.turns.append(steps)
             record.answers.append(answer)
-    except Exception as err:  # the server refused or failed: this case failed, the bench goes on
+    return record
+
+
+@contextmanager
+def _recorded(record: Record, session: Session) -> Iterator[None]:
+    """One case's run: its time into ``record``, a failure (the server refused or failed) as its error, the bench
+    going on; the case's simulated APIs closed."""
+    t0 = time.monotonic()
+    try:
+        yield
+    except Exception as err:  # this case failed, the bench goes on
         record.error = f"{type(err).__name__}: {err}"[:400]
     finally:
         session.close()
-    record.seconds = time.monotonic() - t0
-    return record
+        record.seconds = time.monotonic() - t0
 
 
 def score(case: Case, record: Record) -> Record:
