@@ -14,24 +14,37 @@ as a number) or every expected phrase (as whole words), in the question's langua
 that merely contains a tool call, or a wrong number, fails; no task's question passes its own check
 (tests/scripts/test_bench_tasks.py). Each system's score is printed per set and per set/language.
 
-Per model, two phases run one after the other on the same GGUF:
+Per model, the systems run one after the other on the same GGUF:
   magnitude  the stack's own services (inference, tools, embedding, retrieval,
              optimizer) and ``magnitude.agent.Agent``;
   http       the same services and loop behind the gateway: each task POSTed to
              ``/v1/responses`` with a plain HTTP client (urllib), as agent
              software in another language would run it;
-  peer       ``llama-server --jinja`` (native/build_llama_server.sh) and the loop
-             a user writes with the official ``openai`` client: send the tools,
-             run the returned tool_calls, feed the results back as tool
-             messages, stop at a message without tool calls.
-Both get the same system prompt, the same tools (executed by the same tool
-service), temperature 0, seed 0, the same max steps and max tokens per step, and
-the same n_ctx and threads. The tasks of one phase run one after the other in one
-session (Magnitude) / one slot (llama-server), so both reuse the shared prompt
-prefix. Both sides of a model run under one hold of the shared heavy-job lock
-(/tmp/magnitude-heavy.lock), so they see the same load on the box.
+  chat       the loop a user writes with the official ``openai`` client (send the
+             tools, run the returned tool_calls, feed the results back as tool
+             messages, stop at a message without tool calls) on the gateway's
+             ``/v1/chat/completions``: the raw model;
+  chat-agent the same loop with the agent alias (model ``default:agent``): the
+             agent's step policy behind each chat completion; no system prompt
+             is sent (the alias's loop has its own);
+  sdk, langchain, pydantic-ai
+             the OpenAI Agents SDK, LangChain's create_agent and pydantic-ai on
+             ``/v1/responses``; ``sdk-chat``, ``langchain-chat``,
+             ``pydantic-ai-chat``: each on chat completions with the agent
+             alias (frameworks.py; needs the ``test`` extra's frameworks);
+  peer       ``llama-server --jinja`` (native/build_llama_server.sh) and the
+             ``chat`` loop.
+Every system gets the same tools (executed by the bench's tool service; the
+gateway's clients declare them as their own), temperature 0, the same max
+steps, n_ctx and threads; magnitude, chat and peer get the same system prompt
+and max tokens per step. The tasks of a system run one after the other: in one
+session (magnitude) / one slot (llama-server), so both reuse the shared prompt
+prefix; the gateway's clients start each task anew. Every system of a model
+runs under one hold of the shared heavy-job lock (/tmp/magnitude-heavy.lock),
+so they see the same load on the box.
 
-Needs the ``bench`` extra (``pip install -e .[bench]``: the pinned ``openai`` client).
+Needs the ``bench`` extra (``pip install -e .[bench]``: the pinned ``openai`` client) and, for the frameworks,
+the ``test`` extra.
 
     .venv/bin/python -m scripts.bench.agent                           # every catalog model
     .venv/bin/python -m scripts.bench.agent --models qwen2.5-coder-0.5b --limit 10
@@ -40,6 +53,8 @@ Needs the ``bench`` extra (``pip install -e .[bench]``: the pinned ``openai`` cl
     .venv/bin/python -m scripts.bench.agent --models qwen2.5-coder-1.5b --systems magnitude,http,peer
     .venv/bin/python -m scripts.bench.agent --models qwen2.5-coder-1.5b --sets tune,fp --limit 10   # per set/language
     .venv/bin/python -m scripts.bench.agent --models qwen2.5-coder-1.5b --sets tune,test,test_de,test_es,test_fr,fp
+    .venv/bin/python -m scripts.bench.agent --models qwen2.5-coder-1.5b --sets test \
+        --systems magnitude,http,chat,chat-agent,sdk,sdk-chat,langchain,langchain-chat,pydantic-ai,pydantic-ai-chat
 """
 
 from __future__ import annotations
@@ -54,7 +69,9 @@ import tempfile
 from pathlib import Path
 
 from scripts.bench import llama_server
-from scripts.bench.agent.runners import bench_config, run_http, run_magnitude, run_peer, start
+from scripts.bench.agent.frameworks import FRAMEWORK_SYSTEMS, framework_task
+from scripts.bench.agent.runners import (Phase, ToolBox, bench_config, gateway, http_task, peer_task, run_magnitude,
+                                         run_peer, run_phase, start)
 from scripts.bench.agent.tasks import KINDS, Task, available_sets, load_sets, write_files
 from scripts.bench.common import stop_services_on_sigterm
 from shared import catalog, process
@@ -62,7 +79,9 @@ from shared.client import Client
 from shared.config import dump_config
 
 HEAVY_LOCK = "/tmp/magnitude-heavy.lock"
-SYSTEMS = ("magnitude", "http", "peer")
+#: the systems behind the gateway, run against one gateway process
+GATEWAY_SYSTEMS = ("http", "chat", "chat-agent", *FRAMEWORK_SYSTEMS)
+SYSTEMS = ("magnitude", *GATEWAY_SYSTEMS, "peer")
 
 
 @contextlib.contextmanager
@@ -115,7 +134,7 @@ def bench_model(name: str, model_path: Path, tasks: list[Task], memories: list[s
                 {"id": f"m{i}", "text": text} for i, text in enumerate(memories)]})
         result = {"model": name, "size_mib": round(model_path.stat().st_size / 2**20), "decode_tps": None}
         with heavy_lock(not args.no_lock):  # both sides of one model under one hold: the same box load
-            if "magnitude" in args.systems or "http" in args.systems:
+            if set(args.systems) - {"peer"}:
                 start(config, path, ("inference",))
                 try:
                     with Client.for_service("inference", config) as inference:
@@ -123,8 +142,8 @@ def bench_model(name: str, model_path: Path, tasks: list[Task], memories: list[s
                                                                   temperature=0).stats.decode_tps
                     if "magnitude" in args.systems:
                         result["magnitude"] = run_magnitude(config, tasks, name)
-                    if "http" in args.systems:
-                        result["http"] = run_http(config, home, tasks)
+                    if set(GATEWAY_SYSTEMS) & set(args.systems):
+                        result.update(gateway_phases(config, home, tasks, args))
                 finally:
                     process.stop(config, "inference")
             if "peer" in args.systems:
@@ -138,13 +157,29 @@ def bench_model(name: str, model_path: Path, tasks: list[Task], memories: list[s
     return result
 
 
+def gateway_phases(config, home: Path, tasks: list[Task], args) -> dict[str, Phase]:
+    """The systems behind one gateway process: /v1/responses read with urllib, the plain openai chat loop with
+    and without the agent alias, and each framework on each API (frameworks.py)."""
+    import openai
+    with gateway(config, home) as (url, key), Client.for_service("tools", config, timeout_s=60) as tools:
+        box, client = ToolBox(tools), openai.OpenAI(base_url=f"{url}/v1", api_key=key, timeout=600, max_retries=0)
+        runs = {"http": lambda task: http_task(url, key, task),
+                "chat": lambda task: peer_task(client, box, task, args.max_steps, args.max_tokens, model="default"),
+                "chat-agent": lambda task: peer_task(client, box, task, args.max_steps, None, model="default:agent",
+                                                     system=None)}
+        for system in FRAMEWORK_SYSTEMS:
+            runs[system] = lambda task, system=system: framework_task(system, url, key, box, task, args.max_steps)
+        return {system: run_phase(system, tasks, runs[system]) for system in GATEWAY_SYSTEMS
+                if system in args.systems}
+
+
 def print_table(results: list[dict], version: str | None, n_tasks: int, args) -> None:
     peer = (f"llama-server --jinja ({version}) + openai {__import__('openai').__version__} loop" if version
             else "not run")
     print(f"\nbench_agent: {n_tasks} tasks, max {args.max_steps} steps of {args.max_tokens} tokens, n_ctx {args.n_ctx}, "
           f"temperature 0; agent.policy {args.policy or 'defaults'}; peer: {peer}")
     width = max([len(r["model"]) for r in results] + [20]) + 2
-    head = (f"{'model':<{width}}{'system':<11}{'solved':>9}{'valid calls':>13}{'steps/task':>12}{'s/task':>8}  "
+    head = (f"{'model':<{width}}{'system':<18}{'solved':>9}{'valid calls':>13}{'steps/task':>12}{'s/task':>8}  "
             + " ".join(f"{k:>10}" for k in KINDS))
     print(head)
     for r in results:
@@ -152,12 +187,26 @@ def print_table(results: list[dict], version: str | None, n_tasks: int, args) ->
             s = r[system].summary()
             rate = "-" if s["valid_call_rate"] is None else f"{100 * s['valid_call_rate']:.0f}% ({s['calls']})"
             kinds = " ".join(f"{f'{a}/{b}':>10}" for a, b in s["by_kind"].values())
-            print(f"{r['model']:<{width}}{system:<11}"
+            print(f"{r['model']:<{width}}{system:<18}"
                   f"{str(s['solved']) + '/' + str(s['tasks']):>9}"
                   f"{rate:>13}{s['steps_per_task']:>12.2f}{s['seconds_per_task']:>8.1f}  {kinds}")
-            print(f"{'':<{width}}{'':<11}by set: " + ", ".join(f"{g} {a}/{b}" for g, (a, b) in s["by_set"].items())
+            print(f"{'':<{width}}{'':<18}by set: " + ", ".join(f"{g} {a}/{b}" for g, (a, b) in s["by_set"].items())
                   + "; by set/language: " + ", ".join(f"{g} {a}/{b}" for g, (a, b) in s["by_language"].items()))
+        if "http" in r:
+            http = r["http"].summary()
+            print(f"{'':<{width}}beside /v1/responses (http, {http['solved']}/{http['tasks']}): " + ", ".join(
+                f"{x} {points(r[x].summary(), http):+.0f} pts ({ratio(r[x].summary(), http)})"
+                for x in SYSTEMS if x in r and x != "http"))
         print(f"{'':<{width}}{r['size_mib']} MiB; Magnitude decode {r['decode_tps']} tok/s (free text)")
+
+
+def points(summary: dict, base: dict) -> float:
+    """Percentage points of solved tasks above (or below) ``base``'s."""
+    return 100 * (summary["solved"] / max(summary["tasks"], 1) - base["solved"] / max(base["tasks"], 1))
+
+
+def ratio(summary: dict, base: dict) -> str:
+    return f"x{summary['solved'] / base['solved']:.2f}" if base["solved"] else "x n/a"
 
 
 def policy_settings(text: str) -> dict:
@@ -197,7 +246,8 @@ def main() -> int:
     kinds = args.tasks.split(",") if args.tasks else list(KINDS)
     if unknown := set(kinds) - set(KINDS):
         parser.error(f"unknown task kinds: {', '.join(sorted(unknown))}")
-    if set(args.systems.split(",")) - set(SYSTEMS):
+    args.systems = args.systems.split(",")
+    if set(args.systems) - set(SYSTEMS):
         parser.error(f"--systems takes {', '.join(SYSTEMS)} (comma-separated)")
     if unknown := set(args.sets.split(",")) - set(available_sets()):
         parser.error(f"unknown task sets: {', '.join(sorted(unknown))} (there are {', '.join(available_sets())})")

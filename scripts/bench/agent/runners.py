@@ -1,14 +1,17 @@
-"""The agent benchmark's three systems, each running a list of tasks in one session (Magnitude) or one slot
-(llama-server), so all reuse the shared prompt prefix: Magnitude's agent over ZeroMQ, the same loop behind the
-gateway's ``/v1/responses`` read with urllib, and the loop a user writes with the ``openai`` client against
-llama-server. Each returns a ``Phase`` of graded ``Outcome``s."""
+"""The agent benchmark's systems, each running a list of tasks one after the other: Magnitude's agent over ZeroMQ
+(in one session, so the shared prompt prefix is reused), the same loop behind the gateway's ``/v1/responses``
+read with urllib, and the loop a user writes with the ``openai`` client (against llama-server in one slot, or the
+gateway's chat completions). Each returns a ``Phase`` of graded ``Outcome``s; the frameworks are in
+frameworks.py."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +21,7 @@ from scripts.bench import REPO
 from scripts.bench.agent.grader import correct
 from scripts.bench.agent.tasks import KINDS, Task
 from shared import process
+from services.gateway.keys import read_local_key
 from shared.client import Client, ServiceError
 from shared.config import Config, dump_config, parse_config
 
@@ -97,99 +101,123 @@ def start(config: Config, path: Path, names: tuple[str, ...]) -> None:
             raise SystemExit(f"{name} did not start: {status.error}")
 
 
-def run_magnitude(config: Config, tasks: list[Task], tag: str) -> Phase:
-    phase, agent = Phase("magnitude"), Agent(config, timeout_s=600)
-    try:
-        for i, task in enumerate(tasks, 1):
-            t0 = time.monotonic()
-            trace = agent.run(task.goal, session_id=f"bench-{tag}")
-            calls = [c for s in trace.steps for c in s.calls]
-            outcome = Outcome(task, trace.answer, len(trace.steps), len(calls), sum(c.valid for c in calls),
-                              time.monotonic() - t0, trace.error, trace.to_dict()["steps"])
-            phase.outcomes.append(outcome)
-            progress("magnitude", i, len(tasks), outcome)
-    finally:
-        agent.close()
+def run_phase(system: str, tasks: list[Task], run_task: Callable[[Task], Outcome]) -> Phase:
+    """Every task through one system, one after the other, with a progress line each."""
+    phase = Phase(system)
+    for i, task in enumerate(tasks, 1):
+        phase.outcomes.append(run_task(task))
+        progress(system, i, len(tasks), phase.outcomes[-1])
     return phase
 
 
-def run_http(config: Config, home: Path, tasks: list[Task]) -> Phase:
-    """Each task through the gateway's ``POST /v1/responses`` (started here on an ephemeral port), read with
-    urllib; a call counts as valid when the gateway reports no error for it."""
+def run_magnitude(config: Config, tasks: list[Task], tag: str) -> Phase:
+    agent = Agent(config, timeout_s=600)
+
+    def run_task(task: Task) -> Outcome:
+        t0 = time.monotonic()
+        trace = agent.run(task.goal, session_id=f"bench-{tag}")
+        calls = [c for s in trace.steps for c in s.calls]
+        return Outcome(task, trace.answer, len(trace.steps), len(calls), sum(c.valid for c in calls),
+                       time.monotonic() - t0, trace.error, trace.to_dict()["steps"])
+    try:
+        return run_phase("magnitude", tasks, run_task)
+    finally:
+        agent.close()
+
+
+@contextlib.contextmanager
+def gateway(config: Config, home: Path):
+    """The stack's gateway on an ephemeral loopback port: (its URL, the key its first start made)."""
     config = config.model_copy(update={"gateway": config.gateway.model_copy(update={"port": 0})})
     path = home / "gateway.yaml"
     path.write_text(dump_config(config))
     start(config, path, ("gateway",))
-    phase = Phase("http")
     try:
-        with Client.for_service("gateway", config, timeout_s=10) as gateway:
-            url = gateway.health()["url"]
-        for i, task in enumerate(tasks, 1):
-            t0 = time.monotonic()
-            request = urllib.request.Request(f"{url}/v1/responses", data=json.dumps({"input": task.goal}).encode(),
-                                             headers={"Content-Type": "application/json"})
-            try:
-                with urllib.request.urlopen(request, timeout=600) as reply:
-                    response = json.load(reply)
-                items = response["output"]
-                calls = [item for item in items if item["type"] == "tool_call"]
-                texts = [item["content"][0]["text"] for item in items if item["type"] == "message"]
-                outcome = Outcome(task, texts[-1] if texts and response["status"] == "completed" else None,
-                                  max((item["step"] for item in items), default=0), len(calls),
-                                  sum(c["error"] is None for c in calls), time.monotonic() - t0,
-                                  (response.get("error") or {}).get("message"), items)
-            except (OSError, ValueError) as err:  # refused or failed: this task failed, the bench goes on
-                outcome = Outcome(task, None, 0, 0, 0, time.monotonic() - t0, f"{type(err).__name__}: {err}"[:300])
-            phase.outcomes.append(outcome)
-            progress("http", i, len(tasks), outcome)
+        with Client.for_service("gateway", config, timeout_s=10) as client:
+            yield client.health()["url"], read_local_key(config)
     finally:
         process.stop(config, "gateway")
-    return phase
 
 
-# --- the peer: the ordinary loop on llama-server ------------------------------------------------------
-def peer_task(client, tools: Client, specs: list[dict], task: Task, max_steps: int, max_tokens: int,
-              model: str = "local") -> Outcome:
-    """The loop a user writes against an OpenAI-compatible server (``model``: the name it serves)."""
+def http_task(url: str, key: str, task: Task) -> Outcome:
+    """One task POSTed to ``/v1/responses`` with urllib, as agent software in any language would; a call counts
+    as valid when the gateway reports no error for it."""
     t0 = time.monotonic()
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": task.goal}]
-    calls = valid = steps = 0
-    answer = error = None
+    request = urllib.request.Request(f"{url}/v1/responses", data=json.dumps({"input": task.goal}).encode(),
+                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {key}"})
+    try:
+        with urllib.request.urlopen(request, timeout=600) as reply:
+            response = json.load(reply)
+    except (OSError, ValueError) as err:  # refused or failed: this task failed, the bench goes on
+        return Outcome(task, None, 0, 0, 0, time.monotonic() - t0, f"{type(err).__name__}: {err}"[:300])
+    items = response["output"]
+    calls = [item for item in items if item["type"] == "tool_call"]
+    texts = [item["content"][0]["text"] for item in items if item["type"] == "message"]
+    return Outcome(task, texts[-1] if texts and response["status"] == "completed" else None,
+                   max((item["step"] for item in items), default=0), len(calls),
+                   sum(c["error"] is None for c in calls), time.monotonic() - t0,
+                   (response.get("error") or {}).get("message"), items)
+
+
+# --- the plain tool loop a user writes with the openai client (llama-server, or the gateway's chat path) -----
+class ToolBox:
+    """The stack's tools as a client's own function tools: every call runs through the bench's tool service,
+    counted per task (a call is valid unless its arguments are refused)."""
+
+    def __init__(self, tools: Client):
+        self.tools = tools
+        self.specs = [spec["function"] for spec in tool_specs(tools.request("tool.list")["tools"])]
+        self.start_task()
+
+    def start_task(self) -> None:
+        self.calls = self.valid = 0
+        self.log: list[dict] = []
+
+    def call(self, name: str, arguments: str | dict) -> str:
+        """The tool's output, or its error as text the model reads (as a framework hands a failing tool's)."""
+        self.calls += 1
+        try:
+            args = json.loads(arguments) if isinstance(arguments, str) else arguments
+            output = tool_output(self.tools.request("tool.call", {"tool": name, "args": args}))
+            self.valid += 1
+        except (json.JSONDecodeError, TypeError) as err:
+            output = f"Error: the arguments are not valid JSON ({err})"
+        except ServiceError as err:
+            self.valid += err.code not in ("bad_request", "not_found")
+            output = f"Error: {err.code}: {err.message}"
+        self.log.append({"name": name, "arguments": arguments, "output": output[:300]})
+        return output
+
+
+def peer_task(client, box: ToolBox, task: Task, max_steps: int, max_tokens: int | None, model: str = "local",
+              system: str | None = SYSTEM_PROMPT) -> Outcome:
+    """The loop a user writes against an OpenAI-compatible server (``model``: the name it serves; ``system``: the
+    system prompt it sends, none for the agent alias, whose loop has its own)."""
+    t0 = time.monotonic()
+    box.start_task()
+    messages = [{"role": "system", "content": system}] * bool(system) + [{"role": "user", "content": task.goal}]
+    specs = [{"type": "function", "function": spec} for spec in box.specs]
+    steps, answer, error = 0, None, None
     try:
         for steps in range(1, max_steps + 1):
             reply = client.chat.completions.create(model=model, messages=messages, tools=specs, temperature=0,
-                                                   seed=0, max_tokens=max_tokens)
+                                                   seed=0, **({"max_tokens": max_tokens} if max_tokens else {}))
             message = reply.choices[0].message
             if not message.tool_calls:
                 answer = message.content
                 break
             messages.append(message.model_dump(exclude_none=True))
             for call in message.tool_calls:
-                calls += 1
-                try:
-                    result = tool_output(tools.request("tool.call", {"tool": call.function.name,
-                                                                     "args": json.loads(call.function.arguments)}))
-                    valid += 1
-                except (json.JSONDecodeError, TypeError) as err:
-                    result = f"Error: the arguments are not valid JSON ({err})"
-                except ServiceError as err:
-                    valid += err.code not in ("bad_request", "not_found")
-                    result = f"Error: {err.code}: {err.message}"
-                messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
+                messages.append({"role": "tool", "tool_call_id": call.id,
+                                 "content": box.call(call.function.name, call.function.arguments)})
     except Exception as err:  # the server refused or failed: this task failed, the bench goes on
         error = f"{type(err).__name__}: {err}"[:300]
-    return Outcome(task, answer, steps, calls, valid, time.monotonic() - t0, error)
+    return Outcome(task, answer, steps, box.calls, box.valid, time.monotonic() - t0, error, box.log)
 
 
 def run_peer(base_url: str, config: Config, tasks: list[Task], max_steps: int, max_tokens: int) -> Phase:
     import openai
-    phase = Phase("peer")
     client = openai.OpenAI(base_url=base_url, api_key="none", timeout=600, max_retries=0)
     with Client.for_service("tools", config, timeout_s=60) as tools:
-        specs = tool_specs(tools.request("tool.list")["tools"])
-        for i, task in enumerate(tasks, 1):
-            outcome = peer_task(client, tools, specs, task, max_steps, max_tokens)
-            phase.outcomes.append(outcome)
-            progress("peer", i, len(tasks), outcome)
-    return phase
-
+        box = ToolBox(tools)
+        return run_phase("peer", tasks, lambda task: peer_task(client, box, task, max_steps, max_tokens))

@@ -17,8 +17,7 @@ import openai
 import pytest
 from openai import OpenAI
 
-from magnitude.agent import tool_specs
-from scripts.bench.agent.runners import peer_task
+from scripts.bench.agent.runners import ToolBox, peer_task
 from scripts.bench.agent.tasks import FILES, TASKS, write_files
 from services.gateway.keys import read_local_key
 from shared import catalog
@@ -118,12 +117,12 @@ def test_a_plain_openai_tool_loop_solves_as_much_with_session_headers(stack):
     id and once without: session reuse must never cost a task (it used to make the model repeat its call)."""
     solved = {}
     with Client.for_service("tools", stack["config"], timeout_s=60) as tools:
-        specs = tool_specs(tools.request("tool.list")["tools"])
+        box = ToolBox(tools)
         for mode in ("session", "none"):
             outcomes = []
             for i, task in enumerate(LOOP_TASKS):
                 client = sdk(stack, f"loop-{i}-{time.monotonic_ns()}" if mode == "session" else None)
-                outcomes.append(peer_task(client, tools, specs, task, max_steps=6, max_tokens=256,
+                outcomes.append(peer_task(client, box, task, max_steps=6, max_tokens=256,
                                           model="default"))
             solved[mode] = [o.ok for o in outcomes]
             REPORT.append(f"plain openai loop, {mode}: {sum(solved[mode])}/{len(LOOP_TASKS)} solved, "
