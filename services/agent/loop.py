@@ -202,6 +202,23 @@ def tool_output(body: dict) -> str:
     return body.get("output", "")
 
 
+def _parsed(call: dict) -> tuple[ToolCall, dict | None]:
+    """A call as the model made it, with its arguments as an object (None, and the call's error, when they are
+    not one)."""
+    fn = call.get("function") or {}
+    raw = fn.get("arguments")
+    done = ToolCall(str(fn.get("name")), raw if isinstance(raw, str) else json.dumps(raw))
+    try:
+        args = json.loads(raw) if isinstance(raw, str) else raw
+    except json.JSONDecodeError as err:
+        done.error = f"the arguments are not valid JSON ({err.msg}); call the tool again with a JSON object"
+        return done, None
+    if not isinstance(args, dict):
+        done.error = "the arguments must be a JSON object"
+        return done, None
+    return done, args
+
+
 class Run:
     """One run's state and logic; ``pending`` is the request to carry next (None once ``trace`` is final)."""
 
@@ -219,6 +236,7 @@ class Run:
         self.priority = priority
         self.system = f"{SYSTEM_PROMPT}\n\n{instructions}" if instructions else SYSTEM_PROMPT
         self.caller_tools = list(caller_tools)
+        self._caller_names = {t["function"]["name"] for t in self.caller_tools}
         self.configured_tools = configured_tools
         self.earlier = earlier
         self.history: list[Turn] = list(earlier.turns) if earlier else []  # the prompt's turns after the opening
@@ -350,11 +368,12 @@ class Run:
                     told = (len(history), index)
                 history.append(Turn("assistant", turn_text(message), message=message,  # as sent: the KV matches
                                     note=step.repeated))
-                for call, key in zip(calls, keys):
+                outcomes = [] if step.repeated else (yield from self._call_tools(calls))
+                for i, (call, key) in enumerate(zip(calls, keys)):
                     if step.repeated:
                         result = _REPEATED.format(output=_result(made[key]))
                     else:
-                        done = made[key] = yield from self._call_tool(call)
+                        done = made[key] = outcomes[i]
                         step.calls.append(done)
                         result = _result(done)
                         memory.add(done.name, done.arguments, result)
@@ -420,26 +439,31 @@ class Run:
         self.trace.cached_tokens += reply.stats.cached_tokens
         self.trace.output_tokens += reply.stats.completion_tokens
 
-    def _call_tool(self, call: dict) -> Generator[Request, Any, ToolCall]:
-        fn = call.get("function") or {}
-        raw = fn.get("arguments")
-        done = ToolCall(str(fn.get("name")), raw if isinstance(raw, str) else json.dumps(raw))
-        try:
-            args = json.loads(raw) if isinstance(raw, str) else raw
-        except json.JSONDecodeError as err:
-            done.error = f"the arguments are not valid JSON ({err.msg}); call the tool again with a JSON object"
-            return done
-        if not isinstance(args, dict):
-            done.error = "the arguments must be a JSON object"
-            return done
-        try:
-            service = "caller" if any(t["function"]["name"] == done.name for t in self.caller_tools) else "tools"
-            done.output = tool_output((yield self._ask(service, "tool.call", {"tool": done.name, "args": args})))
-            done.valid = True
-        except ServiceError as err:
-            done.error = f"{err.code}: {err.message}"
-            done.valid = err.code not in (ErrorCode.BAD_REQUEST, ErrorCode.NOT_FOUND)
-        return done
+    def _call_tools(self, calls: list[dict]) -> Generator[Request, Any, list[ToolCall]]:
+        """Each call's outcome, in the step's order: the configured tools' run one at a time, the caller's handed
+        out together (one ``tool.calls`` request), as OpenAI's APIs hand a step's calls to their client."""
+        parsed = [_parsed(call) for call in calls]
+        theirs = [(done, args) for done, args in parsed if args is not None and done.name in self._caller_names]
+        for done, args in parsed:
+            if args is not None and done.name not in self._caller_names:
+                try:
+                    done.output = tool_output((yield self._ask("tools", "tool.call", {"tool": done.name, "args": args})))
+                    done.valid = True
+                except ServiceError as err:
+                    done.error = f"{err.code}: {err.message}"
+                    done.valid = err.code not in (ErrorCode.BAD_REQUEST, ErrorCode.NOT_FOUND)
+        if theirs:
+            try:
+                outputs = (yield self._ask("caller", "tool.calls", {"calls": [
+                    {"tool": done.name, "args": args} for done, args in theirs]}))["outputs"]
+            except ServiceError as err:
+                outputs = [ServiceError(err.code, err.message)] * len(theirs)
+            for (done, _), output in zip(theirs, outputs):
+                if isinstance(output, ServiceError):
+                    done.error = f"{output.code}: {output.message}"
+                else:
+                    done.output, done.valid = output, True
+        return [done for done, _ in parsed]
 
     def _recall(self) -> Generator[Request, Any, list[str]]:
         """Memories relevant to the goal, for the first prompt; none when retrieval is not running."""

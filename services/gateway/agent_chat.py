@@ -10,7 +10,7 @@ loop runs until it hands out a call of the client's or answers. So a call writte
 candidate answer the policy sends back never reaches the client, and the final message is never empty.
 
 Only the client's tools are offered (it runs every call; the gateway's configured tools would be calls it never
-sees). A run hands out one call per completion. With ``X-Session-Id`` the run keeps that session's KV warm for
+sees). A completion hands out every call of the client's tools the step made. With ``X-Session-Id`` the run keeps that session's KV warm for
 the next request; without, its session is dropped when the completion is made.
 """
 
@@ -100,18 +100,19 @@ def _steering(req: ChatCompletionRequest) -> Steering:
 
 
 def _result(run: AgentRun) -> wire.ChatResult:
-    """The run's outcome as one chat turn: the call it hands out, or its answer; its tokens over all its steps."""
+    """The run's outcome as one chat turn: the calls it hands out, or its answer; its tokens over all its steps."""
     trace = run.loop.trace
-    if trace.stopped == "error" and run.waiting is None:
+    if trace.stopped == "error" and not run.waiting:
         code, _, why = (trace.error or "internal: the run failed").partition(": ")
         raise from_service_error(ServiceError(code, why))
     stats = wire.Stats(prompt_tokens=trace.prompt_tokens + trace.cached_tokens, cached_tokens=trace.cached_tokens,
                        prefill_tokens=trace.prompt_tokens, completion_tokens=trace.output_tokens,
                        total_s=trace.elapsed_s, model=run.model)
-    if run.waiting is not None:
-        call = wire.ToolCall(id=run.waiting.call_id, type="function",
-                             function=wire.CalledFunction(name=run.waiting.name, arguments=run.waiting.arguments))
-        return wire.ChatResult(message=wire.AssistantMessage(content=None, tool_calls=[call]),
+    if run.waiting:
+        calls = [wire.ToolCall(id=call.call_id, type="function",
+                               function=wire.CalledFunction(name=call.name, arguments=call.arguments))
+                 for call in run.waiting]
+        return wire.ChatResult(message=wire.AssistantMessage(content=None, tool_calls=calls),
                                finish_reason="tool_calls", stats=stats)
     answer = trace.answer or (trace.steps[-1].content if trace.steps else "") or "I could not finish the task."
     return wire.ChatResult(message=wire.AssistantMessage(content=answer), stats=stats,

@@ -6,10 +6,11 @@ gateway's upstream pools. A run starts from a goal (``input``), runs the
 configured tools (``agent.tools``) itself and reports each step as output items:
 the model's text (``message``) and each configured call with its result
 (``tool_call``, an extension). A call of a tool the caller declared (``tools``)
-is the loop's request to the service ``caller``: the response ends there with a
-``function_call`` item and status ``requires_action``; the caller runs the tool
-and posts a ``function_call_output`` with ``previous_response_id``, which
-resumes the same run (its history, its session's warm KV) in a new response.
+is the loop's request to the service ``caller`` (a step's calls of them
+together): the response ends there with a ``function_call`` item per call and
+status ``requires_action``; the caller runs the tools and posts a
+``function_call_output`` for each with ``previous_response_id``, which resumes
+the same run (its history, its session's warm KV) in a new response.
 
 A waiting run is a suspended generator in this process's memory: it holds no
 generation, no admission slot and no HTTP request. ``Runs`` keeps it for
@@ -110,25 +111,27 @@ class AgentRun:
         self.metadata: dict[str, str] = {}  # the caller's, echoed on each response of the run
         self._counted = (0, 0, 0)  # the trace's (input, cached, output) tokens when the last response was made
         self.session = scoped(owner, self.loop.trace.session_id)
-        self.waiting: FunctionCallItem | None = None  # the caller's call the run waits for
+        self.waiting: list[FunctionCallItem] = []  # the caller's calls the run waits for
         self.last: Response | None = None  # the run's latest response
         self._steps = self._calls = 0  # steps of the trace, and calls of its last step, reported so far
 
-    async def items(self, output: str | None = None) -> AsyncIterator[OutputItem]:
-        """The run's output items as it makes them, until it ends or waits for a caller's tool (``waiting``);
-        ``output``: the result of the call it waited for."""
-        if output is not None:
-            self.waiting = None
-            self.loop.advance({"output": output})
+    async def items(self, outputs: dict[str, str] | None = None) -> AsyncIterator[OutputItem]:
+        """The run's output items as it makes them, until it ends or waits for the caller's tools (``waiting``);
+        ``outputs``: the results of the calls it waited for, by call id."""
+        if outputs is not None:
+            results = [outputs[call.call_id] for call in self.waiting]
+            self.waiting = []
+            self.loop.advance({"outputs": results})
             for item in self._new_items():
                 yield item
         while (req := self.loop.pending) is not None:
-            if req.service == "caller":
-                call = cast(dict, req.body)  # a tool.call
-                self.waiting = FunctionCallItem(id=_id("fc"), call_id=_id("call"), name=call["tool"],
-                                                arguments=json.dumps(call["args"]),
-                                                step=self.loop.trace.steps[-1].index)
-                yield self.waiting
+            if req.service == "caller":  # a tool.calls: the step's calls of the caller's tools
+                step = self.loop.trace.steps[-1].index
+                self.waiting = [FunctionCallItem(id=_id("fc"), call_id=_id("call"), name=call["tool"],
+                                                 arguments=json.dumps(call["args"]), step=step)
+                                for call in cast(dict, req.body)["calls"]]
+                for item in self.waiting:
+                    yield item
                 return
             self.loop.advance(await self._carry(req))
             for item in self._new_items():
@@ -187,7 +190,7 @@ class AgentRun:
                  final: bool = True) -> Response:
         """``final``: the response as it ends (it counts its usage); else the one ``response.created`` announces."""
         trace = self.loop.trace
-        if self.waiting is not None:
+        if self.waiting:
             status = "requires_action"
         else:
             status = "in_progress" if self.loop.pending is not None else _STATUS[trace.stopped]
@@ -251,7 +254,7 @@ class Runs:
                            "all): send their outputs first, or wait for gateway.agent_wait_s to drop them")
         wait_s = settings.agent_wait_s
         self._waiting[response_id] = (run, asyncio.get_running_loop().call_later(wait_s, self._expire, response_id))
-        self._by_call[run.waiting.call_id] = response_id
+        self._by_call.update((call.call_id, response_id) for call in run.waiting)
 
     def waits(self, response_id: str) -> bool:
         return response_id in self._waiting
@@ -266,24 +269,29 @@ class Runs:
         list (no previous_response_id) resumes the run that handed the call out."""
         return self._by_call.get(call_id)
 
-    def take(self, response_id: str, owner: str | None, call_id: str) -> AgentRun:
-        """The run that response left waiting, for the output of ``call_id`` (404 for another caller's run)."""
+    def take(self, response_id: str, owner: str | None, outputs: dict[str, str]) -> AgentRun:
+        """The run that response left waiting, for the outputs of every call it handed out, by call id (404 for
+        another caller's run; 400 for a missing output, or one of a call it does not wait for)."""
         entry = self._waiting.get(response_id)
         if entry is None or entry[0].owner != owner:
             raise ApiError(404, "not_found_error", "response_not_found",
                            f"no run waits under {response_id!r}: unknown, finished, or dropped after "
                            "gateway.agent_wait_s", "previous_response_id")
         run, timer = entry
-        if call_id != run.waiting.call_id:
-            raise bad_request(f"the run waits for the output of call {run.waiting.call_id!r}, not {call_id!r}",
-                              "input")
-        del self._waiting[response_id], self._by_call[call_id]
+        waited = [call.call_id for call in run.waiting]
+        if set(outputs) != set(waited):
+            raise bad_request(f"the run waits for the outputs of calls {', '.join(map(repr, waited))}; this input "
+                              f"has outputs of {', '.join(map(repr, outputs)) or 'none'}", "input")
+        del self._waiting[response_id]
+        for call_id in waited:
+            del self._by_call[call_id]
         timer.cancel()
         return run
 
     def _expire(self, response_id: str) -> None:
         run, _ = self._waiting.pop(response_id)
-        self._by_call.pop(run.waiting.call_id, None)
+        for call in run.waiting:
+            self._by_call.pop(call.call_id, None)
         self.gw.log.info("agent_run_expired", response=response_id, session=session_ref(run.session),
                          waited_s=self.gw.config.gateway.agent_wait_s)
         run.end()
@@ -305,21 +313,22 @@ async def responses(req: ResponseRequest, gw: Context, owner: Caller, http: Http
     if req.priority is None and x_priority is not None:
         req = req.model_copy(update={"priority": x_priority})
     req = _outputs_capped(req, gw.config.agent.sandbox.max_output_bytes)
-    previous = req.previous_response_id
-    if previous is None and (result := _last_output(req)) is not None:
-        previous = runs.waiting_for(result.call_id)  # a re-sent history; else a new run from it (stateless)
+    previous, outputs = req.previous_response_id, _trailing_outputs(req)
+    if previous is None and outputs:
+        previous = runs.waiting_for(next(iter(outputs)))  # a re-sent history; else a new run from it (stateless)
     if previous is not None and runs.waits(previous):
-        result = _function_output(req)
-        run, output = runs.take(previous, owner, result.call_id), result.output
+        if not outputs:
+            raise bad_request("a run is resumed with the function_call_output of each call it waits for", "input")
+        run = runs.take(previous, owner, outputs)
     else:
-        run, output = _new_run(req, gw, owner, previous, http.app.state.stored), None
+        run, outputs = _new_run(req, gw, owner, previous, http.app.state.stored), None
         gw.log.info("agent_run_started", session=session_ref(run.session), caller_tools=sorted(run.caller_tools),
                     previous=previous)
     if req.metadata is not None:
         run.metadata = req.metadata
     req = req.model_copy(update={"previous_response_id": previous})
     response_id, created = _id("resp"), int(time.time())
-    items = run.items(output)
+    items = run.items(outputs)
     finish = _Finish(runs, http.app.state.stored, run)
     try:
         if not req.stream:
@@ -458,19 +467,16 @@ def _outputs_capped(req: ResponseRequest, cap: int) -> ResponseRequest:
     return req.model_copy(update={"input": items})
 
 
-def _last_output(req: ResponseRequest) -> FunctionCallOutput | None:
-    """The function_call_output an item list ends with, if it does."""
-    if isinstance(req.input, list) and req.input[-1].type == "function_call_output":
-        return req.input[-1]
-    return None
-
-
-def _function_output(req: ResponseRequest) -> FunctionCallOutput:
-    """The output that resumes a run (its model and tools are the run's own: ones sent again are not read;
-    in a re-sent item list, the last item)."""
-    if (result := _last_output(req)) is None:
-        raise bad_request("a run is resumed with the function_call_output of the call it waits for", "input")
-    return result
+def _trailing_outputs(req: ResponseRequest) -> dict[str, str]:
+    """The function_call_outputs an item list ends with, by call id: what resumes a waiting run (its model and
+    tools are the run's own: ones sent again are not read; in a re-sent item list, the outputs after the last
+    step's calls)."""
+    outputs: dict[str, str] = {}
+    for item in reversed(req.input if isinstance(req.input, list) else []):
+        if item.type != "function_call_output":
+            break
+        outputs[item.call_id] = item.output
+    return dict(reversed(outputs.items()))
 
 
 async def collect(items: AsyncIterator[OutputItem]) -> list[OutputItem]:
@@ -497,7 +503,7 @@ class _Finish:
             run.end()
         self.runs.gw.log.info("agent_response", id=response.id, session=session_ref(run.session),
                               status=response.status, items=len(response.output), steps=len(run.loop.trace.steps),
-                              waiting_for=run.waiting.name if run.waiting else None)
+                              waiting_for=[call.name for call in run.waiting] or None)
         return response
 
 

@@ -208,10 +208,10 @@ class _Recorded(Upstreams):
         return self.REPLIES[msg_type]
 
 
-def _gateway(tmp_path) -> tuple[object, _Recorded]:
+def _gateway(tmp_path, upstreams_class: type[_Recorded] = _Recorded) -> tuple[object, _Recorded]:
     config = parse_config({"runtime": {"runtime_dir": str(tmp_path / "run"), "data_dir": str(tmp_path / "data")},
                            "metrics": {"enabled": False}, "gateway": {"allow_keyless_loopback": True}})
-    upstreams = _Recorded(config)
+    upstreams = upstreams_class(config)
     gw = Gateway(config, upstreams, ApiKeys(tmp_path / "api_keys"), True,
                  ServiceMetrics("gateway", os.getpid(), queue_depth=lambda: 0, running=lambda: 0,
                                 uptime_s=lambda: 0), structlog.get_logger("test"),
@@ -277,6 +277,62 @@ def test_every_model_step_of_a_response_run_has_its_priority(tmp_path):
         assert status == 200 and reply["status"] == "completed", reply
         chats = [b for t, b in upstreams.sent if t == "chat"]
         assert chats and all(b.priority == expected for b in chats), upstreams.sent
+
+
+# --- a step's several calls of the caller's tools: handed out together ---------------------------------------
+THERMOMETER = {"type": "function", "name": "read_thermometer", "description": "Reads a room's thermometer.",
+               "parameters": {"type": "object", "properties": {"room": {"type": "string"}}, "required": ["room"]}}
+
+
+class _TwoCalls(_Recorded):
+    """A model whose first step calls the caller's thermometer twice, in one reply, and whose next step answers."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        calls = [{"id": f"m{i}", "type": "function",
+                  "function": {"name": "read_thermometer", "arguments": json.dumps({"room": room})}}
+                 for i, room in enumerate(("kitchen", "hall"))]
+        self.steps = [({"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"),
+                      ({"role": "assistant", "content": "The kitchen has 21.5 °C and the hall 19 °C."}, "stop")]
+        self.prompts: list[list[dict]] = []  # each step's messages
+
+    async def exchange(self, service, msg_type, body=None, session=None, deadline=None):
+        if msg_type == "chat" and body.response_format is None:  # a step (not one of the policy's questions)
+            self.prompts.append(msgspec.to_builtins(body)["messages"])
+            message, finish = self.steps.pop(0)
+            return {"stats": FINAL_STATS, "finish_reason": finish, "message": message}
+        return await super().exchange(service, msg_type, body, session, deadline)
+
+
+def test_a_step_with_two_calls_of_the_callers_tools_hands_both_out_and_resumes_on_both_outputs(tmp_path):
+    app, upstreams = _gateway(tmp_path, _TwoCalls)
+    status, waiting = _post(app, "/v1/responses", {"input": "How warm are the kitchen and the hall?",
+                                                   "tools": [THERMOMETER], "store": False})
+    assert status == 200 and waiting["status"] == "requires_action", waiting
+    calls = [item for item in waiting["output"] if item["type"] == "function_call"]
+    assert [json.loads(c["arguments"]) for c in calls] == [{"room": "kitchen"}, {"room": "hall"}], calls
+    assert len({c["call_id"] for c in calls}) == 2
+    outputs = [{"type": "function_call_output", "call_id": c["call_id"], "output": celsius}
+               for c, celsius in zip(calls, ('{"celsius": 21.5}', '{"celsius": 19}'))]
+    status, refused = _post(app, "/v1/responses", {"previous_response_id": waiting["id"], "input": outputs[:1]})
+    assert status == 400 and refused["error"]["param"] == "input", refused
+    assert calls[1]["call_id"] in refused["error"]["message"], refused
+    status, done = _post(app, "/v1/responses", {"previous_response_id": waiting["id"], "input": outputs[::-1]})
+    assert status == 200 and done["status"] == "completed", done
+    assert "21.5" in done["output"][-1]["content"][0]["text"]
+    told = [m for m in upstreams.prompts[-1] if m["role"] == "tool"]
+    assert [(m["tool_call_id"], m["content"]) for m in told] == [
+        ("m0", '{"celsius": 21.5}'), ("m1", '{"celsius": 19}')], told  # each output in its call's place
+
+
+def test_the_agent_alias_hands_out_a_steps_two_calls_in_one_completion(tmp_path):
+    app, _ = _gateway(tmp_path, _TwoCalls)
+    status, reply = _post(app, "/v1/chat/completions", {
+        "model": "m:agent", "messages": [{"role": "user", "content": "How warm are the kitchen and the hall?"}],
+        "tools": [{"type": "function", "function": {k: v for k, v in THERMOMETER.items() if k != "type"}}]})
+    assert status == 200 and reply["choices"][0]["finish_reason"] == "tool_calls", reply
+    calls = reply["choices"][0]["message"]["tool_calls"]
+    assert [json.loads(c["function"]["arguments"]) for c in calls] == [{"room": "kitchen"}, {"room": "hall"}]
 
 
 class _Counting:
