@@ -286,6 +286,9 @@ class Run:
                 (tool, _canonical(arguments)): ToolCall(tool, arguments, result, valid=True)
                 for tool, arguments, result in (memory.facts[len(memory.facts) - earlier.answering:] if earlier else [])}
             last_compressed, answer_now, forced, insist = -_COMPRESS_EVERY, False, None, None
+            if earlier and earlier.answering:  # a run under way, re-sent by its client after its calls' results:
+                history.append(Turn("user", _NEXT.format(note=policy.note()), note=True))  # told as its own run is
+                answer_now = policy.answer_now()
             told: tuple[int, int] | None = None  # (history length, step) where a repeated call was answered
             for index in range(1, self.max_iterations + 1):
                 t0 = time.monotonic()

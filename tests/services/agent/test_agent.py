@@ -13,7 +13,8 @@ import msgspec
 import pytest
 
 from magnitude.agent import Agent, AsyncAgent, submit_feedback
-from services.agent.loop import _SUMMARY_PROMPT, Request, Run
+from services.agent.context import Turn
+from services.agent.loop import _SUMMARY_PROMPT, Conversation, Request, Run, turn_text
 from services.agent.policy import JUDGE_QUESTION, LANGUAGE_QUESTION, RECOMPUTE_QUESTION, mentions
 from shared.client import AsyncClient, Client, ServiceError
 from shared.config import parse_config
@@ -108,6 +109,25 @@ def test_loop_calls_the_tool_feeds_the_result_back_and_answers():
                                                   {"role": "user", "content": text}]
     assert all(r.session == "s1" for r in services.requests if r is not asked[0])
     assert (trace.prompt_tokens, trace.cached_tokens) == (200, 400)
+
+
+def test_a_run_re_sent_by_its_client_after_a_tool_result_is_prompted_as_the_run_itself_goes_on():
+    """A chat-completions tool loop (the agent alias) re-sends the history with its call's result: the step that
+    follows is prompted exactly as the step after the call in one run (the same note), so both answer alike."""
+    made = call("calculator", '{"expression": "23 * 47"}')
+    reply = {"role": "assistant", "content": "23 * 47 = 1081."}
+    whole = Scripted([{"role": "assistant", "content": "", "tool_calls": [made]}, reply])
+    drive(Run(parse_config({}), "What is 23 * 47?", "s1", None), whole)
+    message = {"role": "assistant", "content": "", "tool_calls": [made]}
+    re_sent = Conversation("What is 23 * 47?", [
+        Turn("assistant", turn_text(message), message=message),
+        Turn("tool", "1081", message={"role": "tool", "tool_call_id": "c1", "name": "calculator", "content": "1081"})],
+        ["Numbers in this house are written in base 10."],  # what the run recalled
+        [("calculator", '{"expression": "23 * 47"}', "1081")], answering=1)
+    resumed = Scripted([reply])
+    trace = drive(Run(parse_config({}), "What is 23 * 47?", "s2", None, earlier=re_sent), resumed)
+    assert trace.answer == reply["content"]
+    assert resumed.steps()[0].body["messages"] == whole.steps()[1].body["messages"]
 
 
 def test_bad_arguments_go_back_to_the_model_as_a_tool_error():
