@@ -114,6 +114,7 @@ class AgentRun:
         self.waiting: list[FunctionCallItem] = []  # the caller's calls the run waits for
         self.last: Response | None = None  # the run's latest response
         self._steps = self._calls = 0  # steps of the trace, and calls of its last step, reported so far
+        self._answered = False  # the answer's message is made
 
     async def items(self, outputs: dict[str, str] | None = None) -> AsyncIterator[OutputItem]:
         """The run's output items as it makes them, until it ends or waits for the caller's tools (``waiting``);
@@ -170,14 +171,14 @@ class AgentRun:
             raise bad_request("tool_choice is required, but this run has no tools", "tool_choice")
 
     def _new_items(self) -> Iterator[OutputItem]:
-        """Items for what the trace gained: a new step's text, and its calls of configured tools (a caller's
-        call is reported when it is handed out, unless the loop refused it: arguments that are no JSON)."""
+        """Items for what the trace gained: each call of a configured tool as it is made (a caller's call is
+        reported when it is handed out, unless the loop refused it: arguments that are no JSON), and the run's
+        answer once it ends. The other steps' texts stay in the trace (a reply the step policy sent back, prose
+        about a call, text beside calls): clients join every message of a response into its text (the official
+        client's ``output_text``, LangChain, pydantic-ai), so the answer is the one message."""
         steps = self.loop.trace.steps
-        while self._steps < len(steps):
-            step = steps[self._steps]
-            self._steps, self._calls = self._steps + 1, 0
-            if step.content:
-                yield MessageItem(id=_id("msg"), content=[OutputText(text=step.content)], step=step.index)
+        if self._steps < len(steps):
+            self._steps, self._calls = len(steps), 0
         calls = steps[-1].calls if steps else []
         for call in calls[self._calls:]:
             if call.name not in self.caller_tools or call.error is not None:
@@ -185,6 +186,18 @@ class AgentRun:
                                    error=call.error, status="completed" if call.error is None else "failed",
                                    step=steps[-1].index)
         self._calls = len(calls)
+        if self.loop.pending is None and not self._answered:
+            self._answered = True
+            if text := self._answer_text():
+                yield MessageItem(id=_id("msg"), content=[OutputText(text=text)], step=steps[-1].index)
+
+    def _answer_text(self) -> str | None:
+        """The run's answer; a run cut short (max_iterations, max_output_tokens) answers with its last step's
+        text, a failed one with none."""
+        trace = self.loop.trace
+        if trace.answer is not None or trace.stopped == "error" or not trace.steps:
+            return trace.answer
+        return trace.steps[-1].content or None
 
     def response(self, response_id: str, created: int, previous: str | None, output: list[OutputItem],
                  final: bool = True) -> Response:

@@ -285,14 +285,16 @@ THERMOMETER = {"type": "function", "name": "read_thermometer", "description": "R
 
 
 class _TwoCalls(_Recorded):
-    """A model whose first step calls the caller's thermometer twice, in one reply, and whose next step answers."""
+    """A model that calls the caller's thermometer twice in one reply, saying so, then answers with a figure
+    nothing backs (the step policy sends it back), then answers."""
 
     def __init__(self, config):
         super().__init__(config)
         calls = [{"id": f"m{i}", "type": "function",
                   "function": {"name": "read_thermometer", "arguments": json.dumps({"room": room})}}
                  for i, room in enumerate(("kitchen", "hall"))]
-        self.steps = [({"role": "assistant", "content": None, "tool_calls": calls}, "tool_calls"),
+        self.steps = [({"role": "assistant", "content": "Reading both.", "tool_calls": calls}, "tool_calls"),
+                      ({"role": "assistant", "content": "It is 30 °C in both."}, "stop"),
                       ({"role": "assistant", "content": "The kitchen has 21.5 °C and the hall 19 °C."}, "stop")]
         self.prompts: list[list[dict]] = []  # each step's messages
 
@@ -319,7 +321,11 @@ def test_a_step_with_two_calls_of_the_callers_tools_hands_both_out_and_resumes_o
     assert calls[1]["call_id"] in refused["error"]["message"], refused
     status, done = _post(app, "/v1/responses", {"previous_response_id": waiting["id"], "input": outputs[::-1]})
     assert status == 200 and done["status"] == "completed", done
-    assert "21.5" in done["output"][-1]["content"][0]["text"]
+    # the answer is the one message: the reply sent back and the text beside the calls stay in the run (clients
+    # join every message of a response into its text)
+    assert [item["type"] for item in waiting["output"]] == ["function_call", "function_call"], waiting["output"]
+    assert [item["content"][0]["text"] for item in done["output"] if item["type"] == "message"] == [
+        "The kitchen has 21.5 °C and the hall 19 °C."], done["output"]
     told = [m for m in upstreams.prompts[-1] if m["role"] == "tool"]
     assert [(m["tool_call_id"], m["content"]) for m in told] == [
         ("m0", '{"celsius": 21.5}'), ("m1", '{"celsius": 19}')], told  # each output in its call's place
