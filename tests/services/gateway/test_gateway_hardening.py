@@ -21,11 +21,11 @@ from tests.conftest import ServiceProcess, make_config, write_config
 
 
 class _Run:
-    """A parked run as Runs sees it: an owner, the caller's call it waits for, and end() dropping its session."""
+    """A parked run as Runs sees it: an owner, the caller's calls it waits for, and end() dropping its session."""
 
     def __init__(self, owner):
         self.owner, self.ended = owner, False
-        self.waiting = SimpleNamespace(call_id=f"call_{id(self)}", name="thermometer")
+        self.waiting = [SimpleNamespace(call_id=f"call_{id(self)}", name="thermometer")]
 
     def end(self):
         self.ended = True
