@@ -80,6 +80,11 @@ class ProtocolError(Exception):
         self.request_id = request_id
 
 
+def bad_request(message: str) -> ProtocolError:
+    """The error for a body a handler refuses (``bad_request``, with why)."""
+    return ProtocolError(ErrorCode.BAD_REQUEST, message)
+
+
 @dataclass(frozen=True)
 class Field:
     """One body field of a message type: its Python type(s), whether it is required, and its bounds."""

@@ -29,11 +29,8 @@ from services.inference.constraint import Constraint, Vocabulary, check_schema
 from services.inference.tool_calls import (OPEN, Tool, ToolCall, answer_or_calls_grammar, scan, tagged_grammar,
                                            tool_table, triggers)
 from shared import protocol
-from shared.protocol import ErrorCode, ProtocolError, finish_reason, unsent_text
+from shared.protocol import bad_request, finish_reason, unsent_text
 
-
-def _bad(message: str) -> ProtocolError:
-    return ProtocolError(ErrorCode.BAD_REQUEST, message)
 
 
 # --- the request, as the template takes it -------------------------------------------------
@@ -65,7 +62,7 @@ def _messages(raw: list[protocol.Message]) -> list[dict]:
             msg["tool_call_id"] = m.tool_call_id
         if m.tool_calls:
             if m.role != "assistant":
-                raise _bad(f"messages[{i}].tool_calls: only an assistant message has them")
+                raise bad_request(f"messages[{i}].tool_calls: only an assistant message has them")
             msg["tool_calls"] = [{"id": call.id or f"call_{j}", "type": "function",
                                   "function": {"name": call.function.name,
                                                "arguments": _arguments(call.function.arguments)}}
@@ -80,10 +77,10 @@ def _tool_choice(choice: str | protocol.NamedToolChoice | None, tools: dict[str,
         return ("auto" if tools else "none"), None
     if isinstance(choice, str):
         if choice != "none" and not tools:
-            raise _bad(f"tool_choice {choice!r} needs tools")
+            raise bad_request(f"tool_choice {choice!r} needs tools")
         return choice, None
     if choice.function.name not in tools:
-        raise _bad(f"tool_choice names {choice.function.name!r}, which is none of the tools")
+        raise bad_request(f"tool_choice names {choice.function.name!r}, which is none of the tools")
     return "named", choice.function.name
 
 
@@ -111,7 +108,7 @@ class ChatModel:
         self.model = model
         source = model.metadata().get("tokenizer.chat_template")
         if not source:
-            raise _bad(f"model {name!r} has no chat template (tokenizer.chat_template): it is a base "
+            raise bad_request(f"model {name!r} has no chat template (tokenizer.chat_template): it is a base "
                        f"model; use generate, or an instruct model (magnitude models list)")
         vocab = model.vocab
         self.add_bos = bool(llama_cpp.llama_vocab_get_add_bos(vocab))
@@ -256,15 +253,15 @@ def prepare_turn(body: protocol.ChatRequest, cm: ChatModel, vocab: Vocabulary,
     wire_tools = _template_tools(body.tools or [])
     for i, tool in enumerate(wire_tools):
         if cm.has_special_text(json.dumps(tool, ensure_ascii=False)):
-            raise _bad(f"tools[{i}] holds the spelling of one of the model's control tokens")
+            raise bad_request(f"tools[{i}] holds the spelling of one of the model's control tokens")
     for i, m in enumerate(messages):
         for call in m.get("tool_calls", ()):
             if cm.has_special_text(json.dumps(call["function"], ensure_ascii=False)):
-                raise _bad(f"messages[{i}].tool_calls holds the spelling of one of the model's control tokens")
+                raise bad_request(f"messages[{i}].tool_calls holds the spelling of one of the model's control tokens")
     shown = messages if cm.template.renders_tools else _without_tool_roles(messages, wire_tools)
     segments, mapped = cm.template.render(shown, wire_tools if cm.template.renders_tools else None)
     if not mapped and any(cm.has_special_text(m["content"]) for m in shown):
-        raise _bad("this model's chat template rewrites message contents, so contents holding control-token "
+        raise bad_request("this model's chat template rewrites message contents, so contents holding control-token "
                    "text cannot be kept apart from its markup")
     return ChatTurn(cm.tokenize(segments), _constraint(vocab, tools, choice, named, schema), tools,
                     choice != "none" and bool(tools), emit)

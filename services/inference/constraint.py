@@ -38,7 +38,7 @@ from llguidance.gbnf_to_lark import GbnfToLarkError, any_to_lark
 
 from services.inference.patterns import check_patterns
 from services.inference.grammar import check_grammar, gbnf_pieces
-from shared.protocol import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, ErrorCode, ProtocolError
+from shared.protocol import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH, ProtocolError, bad_request
 
 #: llguidance's own limits, the second line of defence (its defaults allow grammars of 500k symbols).
 _LIMITS = llguidance.LLParserLimits(max_grammar_size=200_000, step_max_items=50_000, max_lexer_states=100_000)
@@ -46,25 +46,22 @@ _LIMITS = llguidance.LLParserLimits(max_grammar_size=200_000, step_max_items=50_
 JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def _bad(message: str) -> ProtocolError:
-    return ProtocolError(ErrorCode.BAD_REQUEST, message)
-
 
 def check_schema(schema: Any, what: str = "schema") -> None:
     """Size, depth and patterns (``patterns.py``) of a JSON schema, before it is compiled or validated against."""
     if not isinstance(schema, dict):
-        raise _bad(f"{what} must be a JSON object")
+        raise bad_request(f"{what} must be a JSON object")
     try:
         size = len(json.dumps(schema))
     except (TypeError, ValueError, RecursionError):
-        raise _bad(f"{what} is not plain JSON") from None
+        raise bad_request(f"{what} is not plain JSON") from None
     if size > MAX_SCHEMA_BYTES:
-        raise _bad(f"{what} is over {MAX_SCHEMA_BYTES // 1024} KiB")
+        raise bad_request(f"{what} is over {MAX_SCHEMA_BYTES // 1024} KiB")
     stack: list[tuple[dict | list, int]] = [(schema, 1)]
     while stack:
         node, depth = stack.pop()
         if depth > MAX_SCHEMA_DEPTH:
-            raise _bad(f"{what} nests deeper than {MAX_SCHEMA_DEPTH} levels")
+            raise bad_request(f"{what} nests deeper than {MAX_SCHEMA_DEPTH} levels")
         children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
     check_patterns(schema, what)
@@ -114,7 +111,7 @@ def compile_lark(lark: str, vocab: Vocabulary) -> str:
     grammar = llguidance.LLMatcher.grammar_from_lark(lark)
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, vocab.tokenizer, limits=_LIMITS)
     if is_error:
-        raise _bad(f"grammar rejected: {messages[0][:300]}")
+        raise bad_request(f"grammar rejected: {messages[0][:300]}")
     return grammar
 
 
@@ -175,7 +172,7 @@ class Constraint:
     def _new_matcher(self, grammar: str) -> llguidance.LLMatcher:
         matcher = llguidance.LLMatcher(self.vocab.tokenizer, grammar, log_level=0, limits=_LIMITS)
         if matcher.is_error():
-            raise _bad(f"grammar rejected: {matcher.get_error()[:300]}")
+            raise bad_request(f"grammar rejected: {matcher.get_error()[:300]}")
         return matcher
 
     @property
@@ -262,7 +259,7 @@ class LlamaGrammar:
         # Called directly: llama.cpp returns NULL for a grammar it cannot parse.
         self._grammar = llama_cpp.llama_sampler_init_grammar(model.vocab, grammar.encode(), b"root")
         if not self._grammar:
-            raise _bad("grammar does not parse (GBNF with a 'root' rule)")
+            raise bad_request("grammar does not parse (GBNF with a 'root' rule)")
         self._one = (llama_cpp.llama_token_data * 1)()
         self._one_array = llama_cpp.llama_token_data_array(
             data=ctypes.cast(self._one, llama_cpp.llama_token_data_p), size=1, selected=-1, sorted=False)

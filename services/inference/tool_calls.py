@@ -26,7 +26,7 @@ import jsonschema
 from services.inference.constraint import Trigger, Vocabulary, check_schema, compile_lark, json_lark
 from services.inference.patterns import linear_validator
 from shared import protocol
-from shared.protocol import MAX_TOOLS_BYTES, ErrorCode, ProtocolError
+from shared.protocol import MAX_TOOLS_BYTES, bad_request
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _FENCE = re.compile(r"```([^`\n]*)\n")
@@ -34,9 +34,6 @@ _DECODER = json.JSONDecoder()
 #: A bare or fenced call at the start of the reply (its braces maybe doubled), recognised once "name" is written.
 _BARE_OPENER = re.compile(rb'\A\s*(?:```(?:json)?[ \t]*\n\s*)?\{\{?"name"')
 
-
-def _bad(message: str) -> ProtocolError:
-    return ProtocolError(ErrorCode.BAD_REQUEST, message)
 
 
 @dataclass(frozen=True)
@@ -57,13 +54,13 @@ def tool_table(tools: list[protocol.Tool]) -> dict[str, Tool]:
         check_schema(params, f"tools[{i}].function.parameters")
         total += len(json.dumps(params))
         if total > MAX_TOOLS_BYTES:
-            raise _bad(f"the tools' schemas are over {MAX_TOOLS_BYTES // 1024} KiB together")
+            raise bad_request(f"the tools' schemas are over {MAX_TOOLS_BYTES // 1024} KiB together")
         try:
             validator = linear_validator(params)
         except jsonschema.SchemaError as err:
-            raise _bad(f"tools[{i}].function.parameters is not a valid JSON schema: {err.message[:200]}") from None
+            raise bad_request(f"tools[{i}].function.parameters is not a valid JSON schema: {err.message[:200]}") from None
         if fn.name in table:
-            raise _bad(f"tools[{i}]: two tools are named {fn.name!r}")
+            raise bad_request(f"tools[{i}]: two tools are named {fn.name!r}")
         table[fn.name] = Tool(fn.name, params, validator)
     return table
 

@@ -30,7 +30,7 @@ import apsw
 import numpy as np
 import sqlite_vec
 
-from shared.protocol import ErrorCode, ProtocolError
+from shared.protocol import bad_request
 from shared.security import private_dir
 
 _SCHEMA = """
@@ -49,9 +49,6 @@ CREATE VIRTUAL TABLE IF NOT EXISTS fts_docs USING fts5(text, tokenize = 'porter 
 _FILTER_KEY = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _SCALARS = (str, int, float, bool)
 
-
-def _bad(message: str) -> ProtocolError:
-    return ProtocolError(ErrorCode.BAD_REQUEST, message)
 
 
 def _fts_query(text: str) -> str | None:
@@ -72,11 +69,11 @@ def _filter_sql(filter: dict[str, Any] | None) -> tuple[str, list[Any]]:
     clauses, params = [], []
     for key, value in filter.items():
         if not isinstance(key, str) or not _FILTER_KEY.match(key):
-            raise _bad(f"filter key {key!r} must be 1-64 chars of letters, digits, '_', '.', '-'")
+            raise bad_request(f"filter key {key!r} must be 1-64 chars of letters, digits, '_', '.', '-'")
         if not isinstance(value, _SCALARS):
-            raise _bad(f"filter value for {key!r} must be a string, number or bool")
+            raise bad_request(f"filter value for {key!r} must be a string, number or bool")
         if isinstance(value, int) and not -(1 << 63) <= value < 1 << 63:  # SQLite's integers are 64-bit
-            raise _bad(f"filter value for {key!r} is outside the 64-bit integer range")
+            raise bad_request(f"filter value for {key!r} is outside the 64-bit integer range")
         clauses.append("json_extract(d.metadata, ?) = ?")
         params += [f'$."{key}"', value]
     return " AND " + " AND ".join(clauses), params
@@ -111,7 +108,7 @@ class MemoryStore:
             self.db.execute("INSERT INTO meta (key, value) VALUES ('dim', ?)", (str(dim),))
             self.dim = dim
         elif dim != self.dim:
-            raise _bad(f"vectors have {dim} dimensions; this database stores {self.dim}")
+            raise bad_request(f"vectors have {dim} dimensions; this database stores {self.dim}")
 
     def upsert(self, collection: str, items: list[tuple[str, str, dict]], vectors: np.ndarray) -> list[int]:
         """Store (id, text, metadata) rows with their vectors, replacing same-id rows; return rowids."""
@@ -182,7 +179,7 @@ class MemoryStore:
             return []
         vector = np.ascontiguousarray(vector, dtype=np.float32).reshape(-1)
         if vector.shape[0] != self.dim:
-            raise _bad(f"query vector has {vector.shape[0]} dimensions; this database stores {self.dim}")
+            raise bad_request(f"query vector has {vector.shape[0]} dimensions; this database stores {self.dim}")
         blob = vector.tobytes()
         if keyword_text is None:
             scores = {r: 1.0 - d for r, d in self._vector_hits(collection, blob, k, filter).items()}
