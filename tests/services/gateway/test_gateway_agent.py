@@ -465,8 +465,10 @@ def test_a_conversation_with_caller_calls_reuses_its_kv_and_answers_as_the_whole
                               {"type": "function_call_output", "call_id": item.id, "output": output}]
             if reply.status != "requires_action":
                 break
-            reply = client.responses.create(previous_response_id=reply.id, input=[
-                {"type": "function_call_output", "call_id": reply.output[-1].call_id, "output": items[-1]["output"]}])
+            reply = client.responses.create(previous_response_id=reply.id, input=[  # an output for each call
+                {"type": "function_call_output", "call_id": item.call_id,
+                 "output": readings[json.loads(item.arguments)["room"]]}
+                for item in reply.output if item.type == "function_call"])
         assert reply.status == "completed", reply
         return reply, [*items, {"role": "assistant", "content": answer(reply.to_dict())}]
 
