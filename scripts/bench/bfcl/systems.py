@@ -123,17 +123,17 @@ def run_responses(client: ResponsesClient, case: Case, max_calls: int) -> Record
                     seen.add(item.get("step"))
                 if response["status"] != "requires_action":
                     break
-                pending = [i for i in response["output"] if i["type"] == "function_call"][-1]
-                calls += 1
+                pending = [i for i in response["output"] if i["type"] == "function_call"]  # the step's calls
+                calls += len(pending)
                 if calls > max_calls:
                     record.notes.append(f"turn {len(record.turns)}: stopped after {max_calls} calls")
-                    # the run waits for this output; it is dropped after gateway.agent_wait_s
+                    # the run waits for these outputs; it is dropped after gateway.agent_wait_s
                     response = {"id": None, "status": "stopped", "output": []}
                     break
-                output = _run_call(session, record, steps.setdefault(pending.get("step", 0), []),
-                                   pending["name"], pending.get("arguments"))
-                response = client.post({"previous_response_id": response["id"], "input": [
-                    {"type": "function_call_output", "call_id": pending["call_id"], "output": output}]})
+                outputs = [{"type": "function_call_output", "call_id": call["call_id"],
+                            "output": _run_call(session, record, steps.setdefault(call.get("step", 0), []),
+                                                call["name"], call.get("arguments"))} for call in pending]
+                response = client.post({"previous_response_id": response["id"], "input": outputs})
             record.steps += len(seen - {None})
             texts = [i["content"][0]["text"] for i in response["output"] if i["type"] == "message" and i["content"]]
             record.answers.append(texts[-1] if texts else None)
