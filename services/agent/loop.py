@@ -459,12 +459,11 @@ class Run:
             try:
                 outputs = (yield self._ask("caller", "tool.calls", {"calls": [
                     {"tool": done.name, "args": args} for done, args in theirs]}))["outputs"]
-            except ServiceError as err:
-                outputs = [ServiceError(err.code, err.message)] * len(theirs)
-            for (done, _), output in zip(theirs, outputs):
-                if isinstance(output, ServiceError):
-                    done.error = f"{output.code}: {output.message}"
-                else:
+            except ServiceError as err:  # the caller's request failed as one: each of its calls with it
+                for done, _ in theirs:
+                    done.error = f"{err.code}: {err.message}"
+            else:
+                for (done, _), output in zip(theirs, outputs):
                     done.output, done.valid = output, True
         return [done for done, _ in parsed]
 

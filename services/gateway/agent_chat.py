@@ -114,7 +114,7 @@ def _result(run: AgentRun) -> wire.ChatResult:
                  for call in run.waiting]
         return wire.ChatResult(message=wire.AssistantMessage(content=None, tool_calls=calls),
                                finish_reason="tool_calls", stats=stats)
-    answer = trace.answer or (trace.steps[-1].content if trace.steps else "") or "I could not finish the task."
+    answer = run.answer_text() or "I could not finish the task."  # never an empty final message
     return wire.ChatResult(message=wire.AssistantMessage(content=answer), stats=stats,
                            finish_reason="length" if trace.stopped == "max_output_tokens" else "stop")
 

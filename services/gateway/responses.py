@@ -188,10 +188,10 @@ class AgentRun:
         self._calls = len(calls)
         if self.loop.pending is None and not self._answered:
             self._answered = True
-            if text := self._answer_text():
+            if text := self.answer_text():
                 yield MessageItem(id=_id("msg"), content=[OutputText(text=text)], step=steps[-1].index)
 
-    def _answer_text(self) -> str | None:
+    def answer_text(self) -> str | None:
         """The run's answer; a run cut short (max_iterations, max_output_tokens) answers with its last step's
         text, a failed one with none."""
         trace = self.loop.trace
