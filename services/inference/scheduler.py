@@ -137,8 +137,8 @@ class Task:
     request: GenerationRequest
     t_start: float = field(default_factory=time.perf_counter)
     state: State = State.WAITING
-    resident: ResidentModel | None = None
-    model: str = ""
+    resident: ResidentModel | None = None  # the model it runs on: engine, session table, drafting policy
+    model: str = ""  # that model's name in the pool
     load_ms: float = 0.0
     prompt: list[int] = field(default_factory=list)
     slot: Slot | None = None
