@@ -96,7 +96,7 @@ def _median(values: list[float]) -> float:
 def magnitude_rows(model_path: Path, reps: int, max_tokens: int, workloads: list[str]) -> dict[str, dict]:
     scheduler = Scheduler.of_one_model(parse_config({"engine": {"model_path": str(model_path), "n_ctx": 4096,
                                                                 "session_slots": 1}}).engine)
-    engine = scheduler.models.get(None)[0]
+    engine = scheduler.models.get(None)[0].engine
     lexicon = Lexicon("default", engine.model_path)
     clock = ConstraintClock()
     out = {}

@@ -46,7 +46,7 @@ def measure(name: str, reps: int, max_tokens: int) -> dict:
     t0 = time.perf_counter()
     scheduler = Scheduler.of_one_model(parse_config({"engine": {"model_path": str(model.path()), "n_ctx": 4096,
                                                                 "session_slots": 1}}).engine)
-    engine = scheduler.models.get(None)[0]
+    engine = scheduler.models.get(None)[0].engine
     load_s = time.perf_counter() - t0
     try:
         try:

@@ -10,8 +10,9 @@ from pydantic import ValidationError
 
 from shared.config import KNOBS, REBUILD_KNOBS, Config, EngineConfig, error_lines
 from shared.protocol import ErrorCode, ProtocolError, Request
-from services.inference.engine import Engine, settings_id
+from services.inference.engine import settings_id
 from services.inference.models import ModelPool
+from services.inference.resident import ResidentModel
 
 
 def owner(req: Request) -> str:
@@ -26,20 +27,15 @@ def session_key(req: Request) -> tuple[str, str] | None:
 class EngineControl:
     """Answers the messages that change or describe the engines."""
 
-    def __init__(self, config: Config, models: ModelPool[Engine], log: Any):
+    def __init__(self, config: Config, models: ModelPool[ResidentModel], log: Any):
         self.config, self.models, self.log = config, models, log
         self.handlers = {"engine.configure": self.on_configure, "model.load": self.on_model_load,
                          "model.unload": self.on_model_unload, "model.switch": self.on_model_switch}
 
-    @property
-    def engine(self) -> Engine:
-        """The default model's engine (loaded if it is not resident)."""
-        return self.models.get(None)[0]
-
     def settings(self) -> dict:
-        engine = next(iter(self.models.engines.values()), None)
-        if engine is not None:
-            return engine.settings()
+        resident = next(iter(self.models.resident.values()), None)
+        if resident is not None:
+            return resident.engine.settings()
         return {name: getattr(self.config.engine, name) for name in KNOBS}
 
     def needs_drain(self, req: Request) -> bool:
@@ -62,10 +58,11 @@ class EngineControl:
         if req.session is None:
             raise ProtocolError(ErrorCode.BAD_REQUEST, "session.drop needs a session id in the envelope")
         key = session_key(req)
-        return {"dropped": any([e.sessions.drop(key) for e in self.models.engines.values()])}
+        return {"dropped": any([m.sessions.drop(key) for m in self.models.resident.values()])}
 
     def on_sessions(self, req: Request, _) -> dict:
-        return self.engine.sessions.describe(session_key(req))
+        default = self.models.get(None)[0]  # loaded if it is not resident
+        return default.sessions.describe(session_key(req))
 
     def on_model_list(self, req: Request, _) -> dict:
         return self.models.describe()
@@ -84,7 +81,7 @@ class EngineControl:
             cfg = EngineConfig.model_validate({**self.config.engine.model_dump(), **settings})
         except ValidationError as err:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"bad settings: {'; '.join(error_lines(err))}") from None
-        reloaded = self.models.reconfigure(cfg, lambda engine, c: engine.reconfigure(c))
+        reloaded = self.models.reconfigure(cfg, lambda model, c: model.reconfigure(c))
         self.config.engine = cfg
         current = self.settings()
         self.log.info("engine_configured", settings=current, reloaded=reloaded)

@@ -15,25 +15,25 @@
   1.5x for k = 1, 3x for k = 8), so drafts pay only where they are mostly right.
   The length is chosen from this session's measured acceptance of drafts found
   by a match of the same length n (a long match is right far more often than a
-  short one) and the engine's measured step costs (``StepCosts``), 0 when no
+  short one) and the model's measured step costs (``StepCosts``), 0 when no
   length beats plain decoding. A session's first estimate for a match length is what the
-  engine measured over every session (``MatchAcceptance``).
+  model measured over every session (``MatchAcceptance``).
+* ``DraftPolicy`` - all of that for one resident model, behind one call the scheduler makes per
+  generation and step (``propose``) and one with what its step confirmed (``observe``); a generation's
+  own part is its ``DraftState``.
 
-The target model checks every draft in its next decode step (``scheduler.Scheduler``).
+The target model checks every draft in its next decode step (``scheduler.Scheduler``). A draft model runs on
+an engine built beside the target's (``resident.ResidentModel``), seen here only as an ``Evaluator``: this
+module never imports the engine.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import Protocol
 
-import llama_cpp
-import numpy as np
-
-from services.inference.sessions import common_prefix_len
+from services.inference.sessions import Slot, common_prefix_len
 from shared.config import EngineConfig
-
-if TYPE_CHECKING:
-    from services.inference.engine import Engine
 
 
 class NgramIndex:
@@ -135,12 +135,12 @@ class DraftLength:
 
 
 class MatchAcceptance:
-    """An engine's measured acceptance of drafts by the length n of the match that found them, over every
+    """A model's measured acceptance of drafts by the length n of the match that found them, over every
     session: where a new session's ``DraftLength`` for n starts. Agent requests are short, and each starts a
     session's estimate afresh: at a fixed prior every request paid again for the short matches its workload
     gets wrong (the agent traces of scripts/bench/drafting.py ran at 0.97x of plain decoding that way).
 
-    The start is (n - 1) / (n + 1), or lower where this engine measured less. Drafts from a longer match are
+    The start is (n - 1) / (n + 1), or lower where this model measured less. Drafts from a longer match are
     right more often, and short ones less than that guess said before (first drafts right: about 1 in 3
     from 2-token matches on the drafting benchmark's workloads, 9 in 10 from 6-token ones). Never higher:
     what paid on one workload (tool-call JSON repeats its short matches) need not on the next, and a wrong
@@ -157,51 +157,101 @@ class MatchAcceptance:
         self._by_n.setdefault(n, DraftLength(prior=self.cap(n))).observe(drafted, accepted)
 
     def start(self, n: int) -> DraftLength:
-        """A session's estimate for matches of n tokens, from what this engine measured so far."""
+        """A session's estimate for matches of n tokens, from what this model measured so far."""
         measured = self._by_n.get(n)
         return DraftLength(prior=min(self.cap(n), measured.p) if measured else self.cap(n))
 
 
-class DraftModel:
-    def __init__(self, engine: "Engine", target_vocab_size: int):
-        """``engine`` runs the draft model (its own context, one sequence per target sequence)."""
-        self.engine = engine
-        if engine.model.n_vocab() != target_vocab_size:
-            engine.close()
-            raise ValueError(f"draft model {engine.model_path} has {engine.model.n_vocab()} tokens in its vocabulary, "
-                             f"the model it drafts for {target_vocab_size}: they must share one tokenizer")
-        self._mirrors: dict[int, list[int]] = {}  # target seq id -> tokens whose KV this model holds there
+class Evaluator(Protocol):
+    """What a draft model needs of the engine that runs it (``engine.Engine``): its own context, one sequence
+    per target sequence."""
 
-    @property
-    def memory_bytes(self) -> int:
-        return self.engine.memory_bytes
+    def evaluate(self, tokens: list[int], pos0: int, seq_id: int) -> None: ...
+    def trim_seq(self, seq_id: int, keep: int) -> None: ...
+    def argmax(self) -> int: ...
+    def is_end(self, token: int) -> bool: ...
+
+
+class DraftModel:
+    def __init__(self, evaluator: Evaluator):
+        """``evaluator`` runs the draft model, which shares the target's vocabulary."""
+        self.evaluator = evaluator
+        self._mirrors: dict[int, list[int]] = {}  # target seq id -> tokens whose KV this model holds there
 
     def propose(self, seq_id: int, history: list[int], k: int) -> list[int]:
         """This model's greedy continuation of ``history`` (up to ``k`` tokens, stopping at end-of-generation)."""
-        engine = self.engine
+        evaluator = self.evaluator
         mirror = self._mirrors.setdefault(seq_id, [])
         keep = min(common_prefix_len(mirror, history), len(history) - 1)  # re-evaluate at least the last token
-        llama_cpp.llama_memory_seq_rm(engine.ctx.memory, seq_id, keep, -1)
+        evaluator.trim_seq(seq_id, keep)
         del mirror[keep:]
-        engine.evaluate(history[keep:], keep, seq_id)
+        evaluator.evaluate(history[keep:], keep, seq_id)
         mirror.extend(history[keep:])
         drafts: list[int] = []
-        n_vocab = engine.model.n_vocab()
         while len(drafts) < k:
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(engine.ctx.ctx, -1), shape=(n_vocab,))
-            token = int(logits.argmax())
-            if llama_cpp.llama_vocab_is_eog(engine.model.vocab, token):
+            token = evaluator.argmax()
+            if evaluator.is_end(token):
                 break
             drafts.append(token)
             if len(drafts) < k:
-                engine.evaluate([token], len(mirror), seq_id)
+                evaluator.evaluate([token], len(mirror), seq_id)
                 mirror.append(token)
         return drafts
 
-    def reconfigure(self, cfg: EngineConfig) -> None:
-        if self.engine.reconfigure(cfg):
-            self._mirrors.clear()  # a rebuilt context holds no KV
+    def forget(self) -> None:
+        """Its engine's context was rebuilt: it holds no KV any more."""
+        self._mirrors.clear()
 
-    def close(self) -> None:
-        self.engine.close()
 
+@dataclass
+class DraftState:
+    """One generation's drafting: its context's n-grams, its acceptance by match length, and its figures."""
+
+    ngrams: NgramIndex | None = None  # its context's n-grams, for drafting by lookup
+    #: How many drafts pay, from its acceptance of drafts found by an n-gram match of each length n.
+    lengths: dict[int, DraftLength] = field(default_factory=dict)
+    match: int = 0  # the n-gram length this step's drafts were found with (0: none, or not by lookup)
+    drafted: int = 0  # speculative draft tokens proposed
+    accepted: int = 0  # ... and confirmed by the model
+
+
+class DraftPolicy:
+    """One resident model's drafting: where drafts come from (``spec_drafter``: lookup, or its ``DraftModel``),
+    how many a generation verifies (``DraftLength``), and the acceptance it measured over every session."""
+
+    def __init__(self, cfg: EngineConfig, model: DraftModel | None = None):
+        self.cfg, self.model = cfg, model
+        self.acceptance = MatchAcceptance()
+
+    def propose(self, state: DraftState, slot: Slot, tail: list[int], room: int, costs: StepCosts, batch: int,
+                gaining: int) -> list[int]:
+        """Up to ``room`` speculative tokens to follow ``slot``'s tokens and then ``tail`` (the pending token and
+        any forced ones), at most ``spec_draft_tokens``; by lookup, as many as the generation's measured
+        acceptance says pay in a step of ``batch`` tokens of which ``gaining`` bring a token each."""
+        state.match = 0
+        k = min(self.cfg.spec_draft_tokens, room)
+        if k <= 0:
+            return []
+        if self.cfg.spec_drafter == "model":
+            return self.model.propose(slot.seq_id, slot.tokens + tail, k)
+        if state.ngrams is None:
+            state.ngrams = NgramIndex(self.cfg.spec_ngram_size)
+        state.ngrams.extend(slot.tokens)
+        drafts, state.match = state.ngrams.propose(tail, k)
+        if not drafts:
+            return []
+        length = state.lengths.get(state.match)
+        if length is None:  # its first match of n tokens: start from what this model measured
+            length = state.lengths[state.match] = self.acceptance.start(state.match)
+        k = length.choose(len(drafts), costs, batch, gaining)
+        if not k:
+            length.rest()
+        return drafts[:k]
+
+    def observe(self, state: DraftState, drafted: int, accepted: int) -> None:
+        """``accepted`` of the ``drafted`` speculative tokens ``propose`` gave this step were right."""
+        state.drafted += drafted
+        state.accepted += accepted
+        if drafted and state.match:
+            state.lengths[state.match].observe(drafted, accepted)
+            self.acceptance.observe(state.match, drafted, accepted)

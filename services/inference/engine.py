@@ -7,7 +7,9 @@ unified buffer every token attended over all of them: 8 sequences of 700 tokens 
 full-size cache (``swa_full``) so any prefix stays reusable.
 
 What runs on it, and when, is the scheduler's business (``scheduler.py``): this module only evaluates a batch
-of rows (``decode``), moves a sequence's KV in and out, tokenizes, and knows its settings.
+of rows (``decode``), moves a sequence's KV in and out, tokenizes, and knows its settings. What the scheduler
+keeps per model beside it (the session table, the drafting policy, a draft model's own engine) is
+``resident.ResidentModel``'s; a draft model sees its engine only as a ``drafting.Evaluator``.
 """
 
 from __future__ import annotations
@@ -18,17 +20,14 @@ import hashlib
 import json
 import os
 import threading
-from pathlib import Path
 
 import llama_cpp
+import numpy as np
 import psutil
 from llama_cpp import _internals
 
 from shared.config import KNOBS, REBUILD_KNOBS, EngineConfig
 from shared.protocol import ErrorCode, ProtocolError
-from services.inference.drafting import DraftModel, MatchAcceptance, StepCosts
-from services.inference.session_store import SessionStore
-from services.inference.sessions import SessionTable
 
 _KV_TYPES = {"f16": llama_cpp.GGML_TYPE_F16, "q8_0": llama_cpp.GGML_TYPE_Q8_0, "q4_0": llama_cpp.GGML_TYPE_Q4_0}
 
@@ -68,10 +67,8 @@ Row = tuple[int, int, list[int], int]
 
 
 class Engine:
-    def __init__(self, cfg: EngineConfig, sessions_dir: Path | None = None,
-                 core_lease: contextlib.AbstractContextManager | None = None):
-        """``sessions_dir``: where sessions are saved on drain (None: not saved, e.g. a draft model).
-        ``core_lease``: held around every ``llama_decode`` (``shared.cores``; None: nothing to share with); a
+    def __init__(self, cfg: EngineConfig, core_lease: contextlib.AbstractContextManager | None = None):
+        """``core_lease``: held around every ``llama_decode`` (``shared.cores``; None: nothing to share with); a
         decode that cannot get it in time raises ``LeaseTimeout``, which fails its batch's requests ``busy``."""
         init_backend()
         self.core_lease = core_lease or contextlib.nullcontext()
@@ -85,24 +82,14 @@ class Engine:
         self.model_name = self.model.metadata().get("general.name", path.stem)
         self.n_vocab = self.model.n_vocab()
         self.cfg = cfg
-        self.sessions_dir = sessions_dir
         self.warmed = False
         self._batch: llama_cpp.llama_batch | None = None
         self._open_context()
-        self.draft_acceptance = MatchAcceptance()  # measured by the scheduler, where sessions' estimates start
-        self.drafter = (DraftModel(Engine(self._draft_config(cfg), core_lease=self.core_lease), self.n_vocab)
-                        if cfg.draft_model_path else None)
-
-    @staticmethod
-    def _draft_config(cfg: EngineConfig) -> EngineConfig:
-        return cfg.model_copy(update={"model_path": cfg.draft_model_path, "draft_model_path": None,
-                                      "spec_drafter": "lookup", "spec_draft_tokens": 0})
 
     @property
     def memory_bytes(self) -> int:
-        """Weights, plus KV state at full size, plus the draft model's: what the model slots budget counts."""
-        own = self.model.size() + self._state_bytes
-        return own + (self.drafter.memory_bytes if self.drafter else 0)
+        """Weights, plus KV state at full size."""
+        return self.model.size() + self._state_bytes
 
     def fingerprint(self) -> dict:
         """What a saved sequence state depends on: it is only loaded back into an engine with the same."""
@@ -112,7 +99,7 @@ class Engine:
                 "llama_cpp": llama_cpp.__version__}
 
     def _open_context(self) -> None:
-        """The llama.cpp context (one sequence per session slot), its batch and its session table."""
+        """The llama.cpp context (one sequence per session slot) and its batch."""
         cfg = self.cfg
         self.n_threads = cfg.n_threads or default_threads()
         cparams = llama_cpp.llama_context_default_params()
@@ -129,12 +116,6 @@ class Engine:
             cparams.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED  # quantized V needs it
         self.ctx = _internals.LlamaContext(model=self.model, params=cparams, verbose=False)
         self._batch = llama_cpp.llama_batch_init(cfg.max_batch_size, 0, 1)
-        self.step_costs = StepCosts(cfg.max_batch_size)  # measured by the scheduler, for draft lengths
-        store = None
-        if self.sessions_dir is not None and cfg.session_disk_mb > 0:
-            store = SessionStore(self.sessions_dir, self.fingerprint(), cfg.session_disk_mb * 2**20)
-        self.sessions = SessionTable(cfg.session_slots, cfg.session_cache_mb * 2**20, self, store,
-                                     share_prefixes=cfg.prefix_sharing)
         self._state_bytes = llama_cpp.llama_state_get_size(self.ctx.ctx)
 
     def warm_up(self) -> None:
@@ -158,14 +139,8 @@ class Engine:
         self.ctx.close()
 
     def close(self) -> None:
-        if self.drafter:
-            self.drafter.close()
         self._close_context()
         self.model.close()
-
-    def busy(self) -> bool:
-        """A generation runs, or waits paused with its KV in RAM (a rebuild or an unload would void that KV)."""
-        return self.sessions.paused > 0 or any(slot.busy for slot in self.sessions.slots)
 
     def settings(self) -> dict:
         """The tunable settings in force (n_threads resolved to the count actually used)."""
@@ -179,11 +154,9 @@ class Engine:
     def reconfigure(self, cfg: EngineConfig) -> bool:
         """Apply new settings; rebuild the context when its size or KV type changes (True then).
 
-        A rebuild forgets every session's cached KV (their next step prefills again), so the caller
-        must only do it between requests."""
+        A rebuild forgets every sequence's KV, so the caller must only do it while none is in use
+        (``ResidentModel.reconfigure`` checks)."""
         rebuild = self.needs_rebuild(cfg)
-        if rebuild and self.busy():
-            raise ProtocolError(ErrorCode.BUSY, "cannot rebuild the context while a request is generating")
         self.cfg = cfg
         if rebuild:
             self._close_context()
@@ -191,11 +164,9 @@ class Engine:
         else:
             self.n_threads = cfg.n_threads or default_threads()
             llama_cpp.llama_set_n_threads(self.ctx.ctx, self.n_threads, self.n_threads)
-        if self.drafter:
-            self.drafter.reconfigure(self._draft_config(cfg))
         return rebuild
 
-    # --- KV of one sequence (KvOps for SessionTable) ---------------------------------------
+    # --- KV of one sequence (sessions.KvOps) ---------------------------------------
     def save_seq(self, seq_id: int) -> bytes:
         size = llama_cpp.llama_state_seq_get_size(self.ctx.ctx, seq_id)
         buf = (ctypes.c_uint8 * size)()
@@ -262,3 +233,8 @@ class Engine:
         for start in range(0, len(tokens), size):
             part = tokens[start:start + size]
             self.decode([(seq_id, pos0 + start, part, 1 if start + size >= len(tokens) else 0)])
+
+    def argmax(self) -> int:
+        """The most likely token after the last one evaluated (greedy, as a draft model continues)."""
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self.ctx.ctx, -1), shape=(self.n_vocab,))
+        return int(logits.argmax())

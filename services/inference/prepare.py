@@ -99,7 +99,7 @@ class Preparer:
     def _may_load(self, name: str) -> None:
         """A request naming a model that is not resident makes the scheduler load it (and maybe evict another):
         allowed for one model per ``engine.model_load_interval_s``, so no caller can make the box thrash."""
-        if name in self.models.engines:
+        if name in self.models.resident:
             return
         interval, now = self.config.engine.model_load_interval_s, time.monotonic()
         with self._lock:

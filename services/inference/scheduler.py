@@ -48,7 +48,8 @@ or a tool-call shape), who owns it and its session, and callbacks: ``on_text(pie
 (a cancelled request ends with a ``cancelled`` error and frees its slot at once). Tokens the constraint forces
 are decoded like drafts that cannot be rejected. The scheduler only runs generations; it never calls back into
 the service. The path of a request: ``shared/service/loop.py`` (socket, queue) -> ``service.py`` and ``prepare.py``
-(request -> ``GenerationRequest``) -> this file -> ``engine.py`` (``llama_decode``).
+(request -> ``GenerationRequest``) -> this file -> ``engine.py`` (``llama_decode``), on the ``ResidentModel`` of
+the request's model (``resident.py``: its engine, session table and drafting policy, ``drafting.py``).
 """
 
 from __future__ import annotations
@@ -64,10 +65,10 @@ import structlog
 from shared.config import EngineConfig
 from shared.cores import LeaseTimeout
 from shared.protocol import DEFAULT_PRIORITY, PRIORITIES, ErrorCode, GenerateResult, Priority, ProtocolError, Stats
-from services.inference.drafting import DraftLength, NgramIndex
-from services.inference.engine import Engine
+from services.inference.drafting import DraftState
 from services.inference.models import ModelPool
 from services.inference.pace import UrgentPace
+from services.inference.resident import ResidentModel
 from services.inference.constraint import Constraint, LlamaGrammar
 from services.inference.sampling import TokenSampler
 from services.inference.sessions import Acquired, Paused, Slot
@@ -136,8 +137,8 @@ class Task:
     request: GenerationRequest
     t_start: float = field(default_factory=time.perf_counter)
     state: State = State.WAITING
-    engine: Engine | None = None
-    model: str = ""
+    resident: ResidentModel | None = None  # the model it runs on: engine, session table, drafting policy
+    model: str = ""  # that model's name in the pool
     load_ms: float = 0.0
     prompt: list[int] = field(default_factory=list)
     slot: Slot | None = None
@@ -148,14 +149,9 @@ class Task:
     fed: int = 0  # prompt tokens whose KV is in the slot
     generated: int = 0
     pending: int = -1  # sampled, not yet decoded
-    drafted: int = 0  # speculative draft tokens proposed
-    accepted: int = 0  # ... and confirmed by the model
+    drafts: DraftState = field(default_factory=DraftState)  # its speculative drafts and their figures
     forced: int = 0  # tokens the constraint forced, decoded as drafts (never sampled)
     step_forced: int = 0  # how many of this step's drafts were forced ones
-    ngrams: NgramIndex | None = None  # its context's n-grams, for drafting by lookup
-    #: How many drafts pay, from its acceptance of drafts found by an n-gram match of each length n.
-    draft_lengths: dict[int, DraftLength] = field(default_factory=dict)
-    step_match: int = 0  # the n-gram length this step's speculative drafts were found with
     peak_batch: int = 0  # most generations decoded in one step together with this one (itself included)
     last_step: int = 0  # the step that last decoded its token
     ttft: float | None = None
@@ -188,8 +184,8 @@ class Task:
             prefill_tps=round(prefill / self.prefill_s, 1) if self.prefill_s > 0 else None,
             decode_tps=round(self.generated / decode_s, 1) if self.generated and decode_s > 0 else None,
             total_s=round(total_s, 4),
-            draft_tokens=self.drafted,
-            accepted_tokens=self.accepted,
+            draft_tokens=self.drafts.drafted,
+            accepted_tokens=self.drafts.accepted,
             forced_tokens=self.forced,
             peak_batch=self.peak_batch,
             priority=self.request.priority,
@@ -226,7 +222,7 @@ class Counters(TypedDict):
 
 
 class Scheduler:
-    def __init__(self, models: ModelPool[Engine], log: Any):
+    def __init__(self, models: ModelPool[ResidentModel], log: Any):
         self.models = models
         self.log = log
         self.queue: deque[Task | Control] = deque()  # arrival order: WAITING tasks and control messages
@@ -252,9 +248,9 @@ class Scheduler:
     def run(self, intake: Callable[[float], None], should_stop: Callable[[], bool]) -> None:
         """The loop: take new work (``intake(wait_s)``, which also beats the worker's heartbeat), admit, decode
         one batch per model; return once idle and ``should_stop()``."""
-        for engine in self.models.engines.values():
+        for resident in self.models.resident.values():
             try:
-                engine.warm_up()  # on this thread, which runs every decode (see Engine.warm_up)
+                resident.engine.warm_up()  # on this thread, which runs every decode (see Engine.warm_up)
             except LeaseTimeout as exc:  # another process holds the cores: a request warms it up later (_start)
                 self.log.warning("warm_up_postponed", error=exc.message)
         while True:
@@ -266,14 +262,14 @@ class Scheduler:
     @classmethod
     def of_one_model(cls, cfg: EngineConfig) -> "Scheduler":
         """A scheduler over ``cfg``'s model without a service around it (benchmarks use it with ``complete``)."""
-        return cls(ModelPool(cfg, Engine), structlog.get_logger("scheduler"))
+        return cls(ModelPool(cfg, ResidentModel), structlog.get_logger("scheduler"))
 
     def complete(self, prompt: str | list[int], params: GenerateParams, **request: Any) -> GenerateResult:
         """Run one generation to its end on the calling thread, without a service (benchmarks use it); the
         result, or its error raised. ``request``: more ``GenerationRequest`` fields (session, constraint...)."""
         outcome: list = []
         if isinstance(prompt, str):
-            prompt = self.models.get(request.get("model"))[0].tokenize(prompt)
+            prompt = self.models.get(request.get("model"))[0].engine.tokenize(prompt)
         self.submit(GenerationRequest(prompt, params, on_done=outcome.append, on_error=outcome.append, **request))
         while not outcome:
             self.step()
@@ -284,8 +280,8 @@ class Scheduler:
     def step(self) -> None:
         self._drop_cancelled()
         self._admit()
-        for engine in {id(t.engine): t.engine for t in self.running}.values():
-            self._step(engine, [t for t in self.running if t.engine is engine])
+        for resident in {id(t.resident): t.resident for t in self.running}.values():
+            self._step(resident, [t for t in self.running if t.resident is resident])
         states = [t.state for t in self.running]
         self.counters.update({"waiting": sum(isinstance(i, Task) for i in self.queue),
                               "prefill": states.count(State.PREFILL), "decode": states.count(State.DECODE)})
@@ -351,10 +347,10 @@ class Scheduler:
         rank, aging_s = RANKS[t.request.priority], self.models.cfg.priority_aging_s
         return max(0, rank - int((now - t.t_start) / aging_s)) if aging_s else rank
 
-    def _held(self, now: float, engine: Engine | None = None) -> Counter[tuple[str, int]]:
-        """Slots held (of ``engine``, or of every model) by (owner, class)."""
+    def _held(self, now: float, resident: ResidentModel | None = None) -> Counter[tuple[str, int]]:
+        """Slots held (of ``resident``, or of every model) by (owner, class)."""
         return Counter((t.request.owner, self._rank(t, now)) for t in self.running
-                       if engine is None or t.engine is engine)
+                       if resident is None or t.resident is resident)
 
     def _order(self, t: Task, held: Counter[tuple[str, int]], now: float) -> tuple[int, int, float]:
         """Who gets a free slot first: the most urgent class; within it the owner holding the fewest of its
@@ -362,19 +358,19 @@ class Scheduler:
         rank = self._rank(t, now)
         return rank, held[t.request.owner, rank], t.t_start
 
-    def _make_room(self, task: Task, engine: Engine) -> bool:
+    def _make_room(self, task: Task, resident: ResidentModel) -> bool:
         """Every slot is busy: pause the generation ``task`` may displace, if one (True). One of a less urgent
         class, else one of its own class whose owner holds at least two more of its slots than ``task``'s owner
         does (after the swap they differ by at most as much, so nothing swings back); the least urgent, the
         biggest holder's, the latest to arrive goes first. Only decoding generations pause: a prompt being
         read is about to decode."""
-        if engine.sessions.resident(task.request.session_key) is not None:
+        if resident.sessions.resident(task.request.session_key) is not None:
             return False  # its session's own slot is busy: its earlier request runs, and it waits for that
         now = time.perf_counter()
-        rank, held = self._rank(task, now), self._held(now, engine)
+        rank, held = self._rank(task, now), self._held(now, resident)
         mine = held[task.request.owner, rank]
         victims = [(r, held[t.request.owner, r], t.t_start, t) for t in self.running
-                   if t.engine is engine and t.state is State.DECODE and (r := self._rank(t, now)) >= rank
+                   if t.resident is resident and t.state is State.DECODE and (r := self._rank(t, now)) >= rank
                    and (r > rank or held[t.request.owner, r] >= mine + 2)]
         if not victims:
             return False
@@ -385,7 +381,7 @@ class Scheduler:
         """Take ``t``'s slot: its KV goes to RAM (``SessionTable.pause``), and it waits at the head of the queue
         with everything else it had (sampler, text so far, the token it sampled last), to resume where it
         stopped: the same tokens as if it had never paused."""
-        t.paused = t.engine.sessions.pause(t.slot)
+        t.paused = t.resident.sessions.pause(t.slot)
         t.slot, t.state = None, State.WAITING
         t.pauses += 1
         self.counters["pauses"] += 1
@@ -393,13 +389,13 @@ class Scheduler:
         self.queue.appendleft(t)
 
     def _paused(self) -> bool:
-        """Whether a paused generation waits: it holds its model (``Engine.busy``) as a running one does."""
+        """Whether a paused generation waits: it holds its model (``ResidentModel.busy``) as a running one does."""
         return any(isinstance(item, Task) and item.paused is not None for item in self.queue)
 
-    def _resume(self, t: Task, engine: Engine) -> bool:
-        if not engine.sessions.idle() and not self._make_room(t, engine):
+    def _resume(self, t: Task, resident: ResidentModel) -> bool:
+        if not resident.sessions.idle() and not self._make_room(t, resident):
             return False
-        t.slot = engine.sessions.resume(t.paused)
+        t.slot = resident.sessions.resume(t.paused)
         t.paused, t.state = None, State.DECODE
         self.running.append(t)
         return True
@@ -409,7 +405,7 @@ class Scheduler:
         run at all is answered with its error and counts as started."""
         req = task.request
         try:
-            engine, load_ms = self.models.get(req.model)
+            resident, load_ms = self.models.get(req.model)
         except ProtocolError as exc:
             if exc.code == ErrorCode.BUSY and (self.running or self._paused()):
                 return False  # every resident model is generating: one will finish
@@ -420,21 +416,22 @@ class Scheduler:
             return self._fail(task, ProtocolError(ErrorCode.BAD_REQUEST, f"model {req.model!r} cannot be loaded: "
                                                                          f"{type(exc).__name__}"))
         try:
+            engine = resident.engine
             engine.warm_up()  # a model loaded since the loop started
-            if task.paused is not None:  # its engine stayed resident: a paused generation keeps it busy
-                return self._resume(task, task.engine)
-            if task.engine is not engine:  # first try, or its model was reloaded meanwhile
-                task.engine, task.load_ms = engine, task.load_ms + load_ms
-                task.model = next(name for name, e in self.models.engines.items() if e is engine)
+            if task.paused is not None:  # its model stayed resident: a paused generation keeps it busy
+                return self._resume(task, task.resident)
+            if task.resident is not resident:  # first try, or its model was reloaded meanwhile
+                task.resident, task.load_ms = resident, task.load_ms + load_ms
+                task.model = next(name for name, m in self.models.resident.items() if m is resident)
                 task.prompt = req.prompt
-            if req.params.cache_prompt and engine.sessions.worth_waiting(req.owner, task.prompt):
+            if req.params.cache_prompt and resident.sessions.worth_waiting(req.owner, task.prompt):
                 return False
-            if not engine.sessions.can_admit(req.session_key) and not self._make_room(task, task.engine):
+            if not resident.sessions.can_admit(req.session_key) and not self._make_room(task, task.resident):
                 return False
             p = req.params
             task.sampler = TokenSampler(engine.model, engine.ctx, temperature=p.temperature, top_k=p.top_k,
                                         top_p=p.top_p, seed=p.seed, constraint=req.constraint)
-            task.acquired = engine.sessions.acquire(req.owner, req.session_key, task.prompt, reuse=p.cache_prompt)
+            task.acquired = resident.sessions.acquire(req.owner, req.session_key, task.prompt, reuse=p.cache_prompt)
         except Exception as exc:
             return self._fail(task, exc)
         task.slot = task.acquired.slot
@@ -448,15 +445,16 @@ class Scheduler:
         return True
 
     # --- one step of one model -----------------------------------------------------------
-    def _step(self, engine: Engine, tasks: list[Task]) -> None:
+    def _step(self, resident: ResidentModel, tasks: list[Task]) -> None:
         """Build this model's batch (decode tokens, drafts, prompt chunks), decode it once, consume the logits."""
+        engine = resident.engine
         budget = engine.cfg.max_batch_size
-        decoders, prefills, chunks = self._carried(engine, tasks)
+        decoders, prefills, chunks = self._carried(resident, tasks)
         room = budget - len(decoders) - sum(chunks)
         plan: list[tuple[Task, list[int]]] = []
         for t in decoders:
             try:
-                drafts = self._drafts(engine, t, max(min(room, t.max_tokens - t.generated - 1), 0),
+                drafts = self._drafts(resident, t, max(min(room, t.max_tokens - t.generated - 1), 0),
                                       budget - room, len(decoders))
             except Exception as exc:  # its constraint or drafter failed: that request, not the step
                 self._fail(t, exc)
@@ -478,7 +476,7 @@ class Scheduler:
                 self._fail(t, exc)
             return
         seconds = time.perf_counter() - t0
-        engine.step_costs.observe(sum(len(tokens) for _, tokens in plan), seconds)
+        resident.step_costs.observe(sum(len(tokens) for _, tokens in plan), seconds)
         c = self.counters
         c["decode_s"] += seconds
         c["steps"] += 1
@@ -495,9 +493,9 @@ class Scheduler:
             except Exception as exc:  # a constraint or a callback failed: that request, not the step
                 self._fail(t, exc)
 
-    def _shape(self, engine: Engine, tasks: list[Task]) -> tuple[list[Task], list[Task], list[int]]:
+    def _shape(self, cfg: EngineConfig, tasks: list[Task]) -> tuple[list[Task], list[Task], list[int]]:
         """The generations that decode a token this step, the prompts being read, and each prompt's chunk."""
-        budget = engine.cfg.max_batch_size
+        budget = cfg.max_batch_size
         # More generations than batch cells (session_slots > max_batch_size): the longest-waiting ones first.
         decoders = sorted((t for t in tasks if t.state is State.DECODE), key=lambda t: t.last_step)[:budget]
         prefills = [t for t in tasks if t.state is State.PREFILL]
@@ -508,10 +506,10 @@ class Scheduler:
         waiting_decoders = any(self._rank(t, now) <= urgent_prompt for t in decoders)
         prompt_budget = budget - len(decoders)
         if waiting_decoders:
-            prompt_budget = min(engine.cfg.prefill_chunk_size, prompt_budget)
+            prompt_budget = min(cfg.prefill_chunk_size, prompt_budget)
         return decoders, prefills, self._prompt_chunks(prefills, prompt_budget)
 
-    def _carried(self, engine: Engine, tasks: list[Task]) -> tuple[list[Task], list[Task], list[int]]:
+    def _carried(self, resident: ResidentModel, tasks: list[Task]) -> tuple[list[Task], list[Task], list[int]]:
         """The shape (``_shape``) of the step that carries every task, or only the most urgent class's while
         the others would slow it below ``engine.priority_pace`` of its speed alone (``pace.UrgentPace``, by
         measured step costs). Those left out keep their slots and KV, and decode in a later step."""
@@ -519,13 +517,14 @@ class Scheduler:
         ranks = [self._rank(t, now) for t in tasks]
         top = min(ranks)
         urgent = [t for t, rank in zip(tasks, ranks) if rank == top]
+        engine = resident.engine
         pace = self.paces.setdefault(engine.model_path.name, UrgentPace())
-        together = self._shape(engine, tasks)
+        together = self._shape(engine.cfg, tasks)
         if len(urgent) == len(tasks):
             pace.reset()
             return together
-        alone = self._shape(engine, urgent)
-        cost = engine.step_costs
+        alone = self._shape(engine.cfg, urgent)
+        cost = resident.step_costs
         if pace.join(engine.cfg.priority_pace, cost(len(alone[0]) + sum(alone[2])),
                      cost(len(together[0]) + sum(together[2]))):
             return together
@@ -571,48 +570,27 @@ class Scheduler:
                 t.forced += 1
             else:
                 accepted += 1
-        speculative = len(drafts) - t.step_forced
-        t.drafted += speculative
-        t.accepted += accepted
-        if speculative and t.step_match:
-            t.draft_lengths[t.step_match].observe(speculative, accepted)
-            t.engine.draft_acceptance.observe(t.step_match, speculative, accepted)
+        t.resident.drafting.observe(t.drafts, len(drafts) - t.step_forced, accepted)
         if drafts:  # drop the KV of rejected drafts (and of any past where the generation ended)
-            t.engine.trim_seq(t.slot.seq_id, len(t.slot.tokens))
+            t.resident.engine.trim_seq(t.slot.seq_id, len(t.slot.tokens))
 
-    def _drafts(self, engine: Engine, t: Task, limit: int, batch: int, decoders: int) -> list[int]:
+    def _drafts(self, resident: ResidentModel, t: Task, limit: int, batch: int, decoders: int) -> list[int]:
         """Up to ``limit`` tokens to follow the task's pending one: those its constraint forces, whatever the
-        settings, then up to ``spec_draft_tokens`` speculative ones; by lookup, as many as its measured
-        acceptance says pay in a step of ``batch`` tokens that brings ``decoders`` tokens (``DraftLength``)."""
+        settings, then the speculative ones its model's drafting policy proposes for a step of ``batch`` tokens
+        that brings ``decoders`` tokens (``DraftPolicy.propose``)."""
         forced = t.sampler.forced()[:limit]
-        t.step_forced, t.step_match = len(forced), 0
-        k = min(engine.cfg.spec_draft_tokens, limit - len(forced))
-        if k <= 0:
-            return forced
-        if engine.cfg.spec_drafter == "model":
-            return forced + engine.drafter.propose(t.slot.seq_id, t.slot.tokens + [t.pending] + forced, k)
-        if t.ngrams is None:
-            t.ngrams = NgramIndex(engine.cfg.spec_ngram_size)
-        t.ngrams.extend(t.slot.tokens)
-        drafts, t.step_match = t.ngrams.propose([t.pending] + forced, k)
-        if drafts:
-            n = t.step_match
-            length = t.draft_lengths.get(n)
-            if length is None:  # its first match of n tokens: start from what the engine measured
-                length = t.draft_lengths[n] = engine.draft_acceptance.start(n)
-            k = length.choose(len(drafts), engine.step_costs, batch + len(forced), decoders + len(forced))
-            if not k:
-                length.rest()
-        return forced + drafts[:k]
+        t.step_forced = len(forced)
+        return forced + resident.drafting.propose(t.drafts, t.slot, [t.pending] + forced, limit - len(forced),
+                                                  resident.step_costs, batch + len(forced), decoders + len(forced))
 
     def _take(self, t: Task, token: int) -> None:
         """Stream and account one sampled token; it becomes the pending one unless the generation ends."""
         if t.ttft is None:
             t.ttft = time.perf_counter() - t.t_start
-        if t.engine.is_end(token):
+        if t.resident.engine.is_end(token):
             return self._finish(t, "eos")
         t.generated += 1
-        t.emit(t.stream.feed(t.engine.token_bytes(token)))
+        t.emit(t.stream.feed(t.resident.engine.token_bytes(token)))
         if t.stream.stopped:
             self._finish(t, "stop")
         elif t.generated >= t.max_tokens:
@@ -640,9 +618,9 @@ class Scheduler:
         elif t.request.constraint is not None:  # it never started: the constraint has no sampler to close it
             t.request.constraint.close()
         if t.slot is not None:
-            t.engine.sessions.release(t.slot)
+            t.resident.sessions.release(t.slot)
         if t.paused is not None:
-            t.engine.sessions.forget_paused()
+            t.resident.sessions.forget_paused()
             t.paused = None
         if t in self.running:
             self.running.remove(t)
@@ -656,4 +634,4 @@ class Scheduler:
 
     def persist(self) -> int:
         """Write every resident model's sessions to disk (on drain, from the loop's own thread); how many."""
-        return sum(engine.sessions.persist() for engine in self.models.engines.values())
+        return sum(resident.sessions.persist() for resident in self.models.resident.values())

@@ -27,10 +27,11 @@ from shared.cores import stack_lease
 from shared.protocol import Request
 from shared.service import Job, Service
 from services.inference.control import EngineControl, owner
-from services.inference.engine import Engine, settings_id
+from services.inference.engine import settings_id
 from services.inference.handover import ClientLimits, Handover
 from services.inference.models import ModelPool
 from services.inference.prepare import Preparer
+from services.inference.resident import ResidentModel
 from services.inference.scheduler import Scheduler
 
 #: Handlers that never touch an engine: answered by the preparing workers themselves.
@@ -47,7 +48,7 @@ class InferenceService(Service):
         super().__init__(config, endpoint)
         sessions_dir = config.runtime.resolved_data_dir() / "sessions"
         self.core_lease = stack_lease(config)  # one llama.cpp computation at a time, with the embedding service
-        self.models = ModelPool(config.engine, lambda cfg: Engine(cfg, sessions_dir, self.core_lease))
+        self.models = ModelPool(config.engine, lambda cfg: ResidentModel(cfg, sessions_dir, self.core_lease))
         self.scheduler = Scheduler(self.models, self.log)
         self.preparer = Preparer(config, self.models)
         self.preparer.warm_up()
@@ -60,16 +61,16 @@ class InferenceService(Service):
         self.handle("tokenize", self.preparer.on_tokenize)
 
     def health_details(self) -> dict:
-        engine = self.models.engines.get(self.models.default)
+        default = self.models.resident.get(self.models.default)
         settings = self.control.settings()
         details = {"settings": settings, "settings_id": settings_id(settings), "n_ctx": self.config.engine.n_ctx,
                    "n_threads": settings["n_threads"], "default_model": self.models.default,
-                   "models_resident": list(self.models.engines), "model_loads": self.models.loads,
+                   "models_resident": list(self.models.resident), "model_loads": self.models.loads,
                    "scheduler": self.scheduler.describe(), "generations_in_flight": self.handover.limits.in_flight()}
         details["max_batch_seen"] = details["scheduler"]["max_batch_seen"]
-        if engine is not None:
-            details.update(model=engine.model_name, model_path=str(engine.model_path),
-                           sessions_resident=sum(s.session is not None for s in engine.sessions.slots))
+        if default is not None:
+            details.update(model=default.engine.model_name, model_path=str(default.engine.model_path),
+                           sessions_resident=sum(s.session is not None for s in default.sessions.slots))
         return details
 
     def close(self) -> None:

@@ -1,6 +1,9 @@
-"""Drafting by n-gram lookup and the choice of draft length: pure logic, no model."""
+"""Drafting by n-gram lookup, by a draft model, and the choice of draft length: pure logic, no model."""
 
-from services.inference.drafting import DraftLength, MatchAcceptance, NgramIndex, StepCosts
+from services.inference.drafting import (DraftLength, DraftModel, DraftPolicy, DraftState, MatchAcceptance,
+                                         NgramIndex, StepCosts)
+from services.inference.sessions import Slot
+from shared.config import EngineConfig
 
 
 def test_the_index_proposes_what_followed_the_latest_occurrence_of_the_last_n_tokens():
@@ -79,7 +82,6 @@ def test_a_session_that_stopped_drafting_drifts_back_to_trying():
     assert length.choose(8, costs, batch=1, gaining=1) > 0
 
 
-
 def test_a_new_session_starts_from_what_the_engine_measured_for_its_match_length():
     acceptance, costs = MatchAcceptance(), cpu_like_costs()
     assert abs(acceptance.start(4).p - 3 / 5) < 1e-9  # nothing measured: (n - 1) / (n + 1)
@@ -91,3 +93,74 @@ def test_a_new_session_starts_from_what_the_engine_measured_for_its_match_length
     for _ in range(20):
         acceptance.observe(2, 8, 8)
     assert abs(acceptance.start(2).p - 1 / 3) < 1e-9  # right elsewhere never starts a session above the prior
+
+
+class CountingEvaluator:
+    """A draft model whose greedy next token is the last one plus 1, ending at 9; it records its KV per sequence."""
+
+    def __init__(self) -> None:
+        self.kv: dict[int, list[int]] = {}
+        self.evaluated = 0
+
+    def evaluate(self, tokens: list[int], pos0: int, seq_id: int) -> None:
+        kv = self.kv.setdefault(seq_id, [])
+        assert len(kv) == pos0, "evaluated at a position its KV does not reach"
+        kv.extend(tokens)
+        self.evaluated += len(tokens)
+
+    def trim_seq(self, seq_id: int, keep: int) -> None:
+        del self.kv.setdefault(seq_id, [])[keep:]
+
+    def argmax(self) -> int:
+        return max(max(kv) for kv in self.kv.values() if kv) + 1
+
+    def is_end(self, token: int) -> bool:
+        return token >= 9
+
+
+def test_a_draft_model_continues_greedily_and_evaluates_only_what_changed():
+    evaluator = CountingEvaluator()
+    model = DraftModel(evaluator)
+    assert model.propose(0, [1, 2, 3], 3) == [4, 5, 6]
+    assert evaluator.kv[0] == [1, 2, 3, 4, 5]  # the last draft is not evaluated: nothing follows it yet
+    evaluator.evaluated = 0
+    assert model.propose(0, [1, 2, 3, 4, 7], 5) == [8]  # 4 kept, 5 replaced by 7; ends before 9
+    assert evaluator.kv[0] == [1, 2, 3, 4, 7, 8] and evaluator.evaluated == 2
+    model.forget()  # a rebuilt context: everything is evaluated again
+    evaluator.kv.clear()
+    assert model.propose(0, [1, 2], 1) == [3] and evaluator.kv[0] == [1, 2]
+
+
+def flat_costs() -> StepCosts:
+    """Steps that cost the same however many tokens they hold: every draft pays."""
+    costs = StepCosts(64)
+    costs.observe(1, 0.1)
+    costs.observe(64, 0.1)
+    return costs
+
+
+def test_the_policy_drafts_by_lookup_within_room_and_settings_and_learns_per_match_length():
+    policy, state = DraftPolicy(EngineConfig(spec_draft_tokens=4, spec_ngram_size=3)), DraftState()
+    slot = Slot(seq_id=0, tokens=[1, 2, 3, 4, 5, 6, 7, 1, 2])
+    assert policy.propose(state, slot, [3], room=8, costs=flat_costs(), batch=1, gaining=1) == [4, 5, 6, 7]
+    assert state.match == 3
+    assert policy.propose(state, slot, [3], room=2, costs=flat_costs(), batch=1, gaining=1) == [4, 5]
+    policy.observe(state, drafted=2, accepted=0)
+    assert (state.drafted, state.accepted) == (2, 0) and state.lengths[3].p < MatchAcceptance.cap(3)
+    assert policy.acceptance.start(3).p < MatchAcceptance.cap(3)  # a new generation starts from that
+    assert policy.propose(state, slot, [9], room=8, costs=flat_costs(), batch=1, gaining=1) == []
+    assert state.match == 0  # no match this step: what it confirms is not put on a match length
+    assert policy.propose(DraftState(), slot, [3], room=0, costs=flat_costs(), batch=1, gaining=1) == []
+    fresh = DraftState()  # a 3-token match is right half the time at first: not worth a CPU's bigger steps
+    assert policy.propose(fresh, slot, [3], room=8, costs=cpu_like_costs(), batch=1, gaining=1) == []
+    assert fresh.match == 3
+
+
+def test_the_policy_takes_a_draft_models_proposal_at_the_set_length():
+    evaluator = CountingEvaluator()
+    policy = DraftPolicy(EngineConfig(spec_draft_tokens=2, spec_drafter="model", draft_model_path="draft.gguf"),
+                         DraftModel(evaluator))
+    state = DraftState()
+    assert policy.propose(state, Slot(seq_id=1, tokens=[1, 2]), [3], room=8, costs=StepCosts(), batch=1,
+                          gaining=1) == [4, 5]
+    assert state.match == 0 and evaluator.kv[1] == [1, 2, 3, 4]

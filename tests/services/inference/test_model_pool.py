@@ -7,7 +7,7 @@ from shared.config import EngineConfig
 from shared.protocol import ProtocolError
 
 
-class FakeEngine:
+class FakeModel:
     def __init__(self, cfg: EngineConfig, opened: list):
         self.cfg, self.memory_bytes, self.is_busy, self.closed = cfg, 100 << 20, False, False
         opened.append(cfg.model_path.name)
@@ -30,13 +30,13 @@ def files(tmp_path):
 
 def pool_of(files, opened, **cfg):
     config = EngineConfig(model_path=files["a"], models={"b": files["b"], "c": files["c"]}, **cfg)
-    return ModelPool(config, lambda c: FakeEngine(c, opened))
+    return ModelPool(config, lambda c: FakeModel(c, opened))
 
 
 def test_default_model_is_loaded_at_start_and_resident_models_cost_no_reload(files):
     opened = []
     pool = pool_of(files, opened)
-    assert opened == ["a.gguf"] and list(pool.engines) == ["default"]
+    assert opened == ["a.gguf"] and list(pool.resident) == ["default"]
     engine, ms = pool.get(None)
     assert ms == 0 and pool.get("default")[0] is engine and opened == ["a.gguf"]
     _, ms = pool.get("b")
@@ -51,7 +51,7 @@ def test_least_recently_used_idle_model_is_unloaded_beyond_max_models(files):
     pool.get("b")
     pool.get("default")  # b is now the least recently used
     pool.get("c")
-    assert list(pool.engines) == ["default", "c"] and not first.closed
+    assert list(pool.resident) == ["default", "c"] and not first.closed
 
 
 def test_a_generating_model_is_never_evicted(files):
@@ -70,7 +70,7 @@ def test_memory_budget_evicts_after_measuring_the_real_size(files):
     pool = pool_of(files, [], max_models=3, models_memory_mb=250)  # two 100 MiB engines fit, three do not
     pool.get("b")
     pool.get("c")
-    assert list(pool.engines) == ["b", "c"] and pool.used_bytes() == 200 << 20
+    assert list(pool.resident) == ["b", "c"] and pool.used_bytes() == 200 << 20
 
 
 def test_a_model_bigger_than_the_budget_alone_is_refused(files):
@@ -91,7 +91,7 @@ def test_unknown_model_and_missing_file(files):
 
 def test_switch_changes_the_default_and_unload_frees(files):
     pool = pool_of(files, [])
-    assert pool.switch("b") > 0 and pool.default == "b" and pool.get(None)[0] is pool.engines["b"]
+    assert pool.switch("b") > 0 and pool.default == "b" and pool.get(None)[0] is pool.resident["b"]
     assert pool.unload("default") is True and pool.unload("default") is False
     described = pool.describe()
     assert described["default"] == "b"
