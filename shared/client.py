@@ -118,7 +118,8 @@ class Call:
             endpoint, msg_type, timeout_s, retry, clock)
         self.request_id = request_id or new_request_id()
         self.frame = encode_request(msg_type, body, session=session, request_id=self.request_id)
-        if len(self.frame) > shm.INLINE_LIMIT_BYTES and isinstance(body, (GenerateRequest, ChatRequest)):
+        if (len(self.frame) > shm.INLINE_LIMIT_BYTES and isinstance(body, (GenerateRequest, ChatRequest))
+                and security.is_loopback(endpoint)):  # a peer on another box has no view of this one's /dev/shm
             self.frame = encode_request(msg_type, spilled(body, session), session=session, request_id=self.request_id)
         self.started = clock()
         self.attempt = 1
@@ -220,7 +221,8 @@ class Call:
 
 def spilled(body: GenerateRequest | ChatRequest, session: str | None) -> GenerateRequest | ChatRequest:
     """A body whose frame is over the inline limit, its bulk (the prompt, the messages) moved to shared memory
-    as ``prompt_shm`` / ``messages_shm``: the frame, encoded once, said how big it is."""
+    as ``prompt_shm`` / ``messages_shm``: the frame, encoded once, said how big it is. Only for a peer on this
+    box (ipc, loopback): to one across the network the frame goes whole, up to its ``max_frame_bytes``."""
     if isinstance(body, GenerateRequest) and body.prompt is not None:
         return msgspec.structs.replace(body, prompt=None, prompt_shm=shm.put_bytes(body.prompt.encode(), session=session))
     if isinstance(body, ChatRequest) and body.messages is not None:
