@@ -67,6 +67,11 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILE
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _WATCHED_EVENTS = _HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED
 
+#: Over tcp (another box, a LAN inference node) the connection is pinged (ZMTP heartbeats, the Paranoid Pirate's
+#: liveness check done by libzmq): a link silent this long is dropped, so a request in flight on it fails
+#: ``unavailable`` then instead of waiting out its timeout, while a shorter outage passes unnoticed (TCP resends).
+HEARTBEAT_IVL_MS, LINK_TIMEOUT_MS = 2_000, 20_000
+
 #: Failures worth another try with the same request id: the service may come back or drain its queue.
 RETRYABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT, ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN})
 #: Failures that leave the socket suspect (a reply may still be on its way, or the peer is gone): replace it.
@@ -181,7 +186,7 @@ class Call:
         if in_flight and zmq.EVENT_DISCONNECTED in events:
             self.outstanding = False  # the service that had it is gone
             raise ServiceError(ErrorCode.UNAVAILABLE, f"{self.endpoint} went away during the request "
-                                                      "(service stopped or crashed)")
+                                                      "(service stopped or crashed, or the link was lost)")
 
     def timed_out(self) -> ServiceError:
         return ServiceError(ErrorCode.TIMEOUT, f"no reply to {self.msg_type!r} from {self.endpoint} "
@@ -303,6 +308,9 @@ class AsyncClient:
             self._sock.setsockopt(zmq.LINGER, 0)
             if self.curve is not None:
                 security.apply_curve_client(self._sock, self.curve.keys_dir, self.curve.client_name)
+            if self.endpoint.startswith("tcp://"):
+                self._sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+                self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, LINK_TIMEOUT_MS)
             self._sock.connect(self.endpoint)
         return self._sock
 
