@@ -9,7 +9,7 @@ import time
 
 import msgspec
 
-from magnitude import agent_cli, launcher, mcp_cli, memory_cli, models_cli, stats_cli, strategy_cli
+from magnitude import agent_cli, fleet_cli, launcher, mcp_cli, memory_cli, models_cli, stats_cli, strategy_cli
 from shared import health as healthcheck
 from shared import process
 from shared.client import ChatResult, Client, GenerateResult, ServiceError
@@ -115,7 +115,7 @@ def cmd_config(args, config) -> int:
 
 #: Feature areas add their subcommands here: each is ``register(subparsers)``, setting ``fn(args, config)``.
 _COMMAND_GROUPS: list = [memory_cli.register, agent_cli.register, stats_cli.register, strategy_cli.register,
-                         models_cli.register, mcp_cli.register]
+                         models_cli.register, mcp_cli.register, fleet_cli.register]
 
 
 def build_parser() -> argparse.ArgumentParser:

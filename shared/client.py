@@ -67,6 +67,11 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILE
                      | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _WATCHED_EVENTS = _HANDSHAKE_FAILED | zmq.EVENT_DISCONNECTED
 
+#: Over tcp (another box, a LAN inference node) the connection is pinged (ZMTP heartbeats, the Paranoid Pirate's
+#: liveness check done by libzmq): a link silent this long is dropped, so a request in flight on it fails
+#: ``unavailable`` then instead of waiting out its timeout, while a shorter outage passes unnoticed (TCP resends).
+HEARTBEAT_IVL_MS, LINK_TIMEOUT_MS = 2_000, 20_000
+
 #: Failures worth another try with the same request id: the service may come back or drain its queue.
 RETRYABLE = frozenset({ErrorCode.UNAVAILABLE, ErrorCode.TIMEOUT, ErrorCode.BUSY, ErrorCode.SHUTTING_DOWN})
 #: Failures that leave the socket suspect (a reply may still be on its way, or the peer is gone): replace it.
@@ -118,7 +123,8 @@ class Call:
             endpoint, msg_type, timeout_s, retry, clock)
         self.request_id = request_id or new_request_id()
         self.frame = encode_request(msg_type, body, session=session, request_id=self.request_id)
-        if len(self.frame) > shm.INLINE_LIMIT_BYTES and isinstance(body, (GenerateRequest, ChatRequest)):
+        if (len(self.frame) > shm.INLINE_LIMIT_BYTES and isinstance(body, (GenerateRequest, ChatRequest))
+                and security.is_loopback(endpoint)):  # a peer on another box has no view of this one's /dev/shm
             self.frame = encode_request(msg_type, spilled(body, session), session=session, request_id=self.request_id)
         self.started = clock()
         self.attempt = 1
@@ -180,7 +186,7 @@ class Call:
         if in_flight and zmq.EVENT_DISCONNECTED in events:
             self.outstanding = False  # the service that had it is gone
             raise ServiceError(ErrorCode.UNAVAILABLE, f"{self.endpoint} went away during the request "
-                                                      "(service stopped or crashed)")
+                                                      "(service stopped or crashed, or the link was lost)")
 
     def timed_out(self) -> ServiceError:
         return ServiceError(ErrorCode.TIMEOUT, f"no reply to {self.msg_type!r} from {self.endpoint} "
@@ -220,7 +226,8 @@ class Call:
 
 def spilled(body: GenerateRequest | ChatRequest, session: str | None) -> GenerateRequest | ChatRequest:
     """A body whose frame is over the inline limit, its bulk (the prompt, the messages) moved to shared memory
-    as ``prompt_shm`` / ``messages_shm``: the frame, encoded once, said how big it is."""
+    as ``prompt_shm`` / ``messages_shm``: the frame, encoded once, said how big it is. Only for a peer on this
+    box (ipc, loopback): to one across the network the frame goes whole, up to its ``max_frame_bytes``."""
     if isinstance(body, GenerateRequest) and body.prompt is not None:
         return msgspec.structs.replace(body, prompt=None, prompt_shm=shm.put_bytes(body.prompt.encode(), session=session))
     if isinstance(body, ChatRequest) and body.messages is not None:
@@ -301,6 +308,9 @@ class AsyncClient:
             self._sock.setsockopt(zmq.LINGER, 0)
             if self.curve is not None:
                 security.apply_curve_client(self._sock, self.curve.keys_dir, self.curve.client_name)
+            if self.endpoint.startswith("tcp://"):
+                self._sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_IVL_MS)
+                self._sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, LINK_TIMEOUT_MS)
             self._sock.connect(self.endpoint)
         return self._sock
 

@@ -30,7 +30,9 @@ Where bwrap is missing or cannot create namespaces (a container without user
 namespaces or such a profile), ``tool_isolation: auto`` falls back to rlimits and a kill of the
 process group and its descendants, under the service's own uid, and says so in
 the log (``tool_isolation`` at start); ``tool_isolation: bubblewrap`` refuses to
-start.
+start where anything would run in the jail (a python or shell tool, a stdio MCP server). With nothing to
+confine (the built-in tools run in the service itself) it starts and says why bwrap cannot run: that is the
+tools service under Docker Swarm, whose services get no seccomp profile here (docs/fleet.md).
 """
 
 from __future__ import annotations
@@ -114,6 +116,14 @@ def _probe(bwrap: str) -> tuple[tuple[str, ...] | None, str]:
     return None, why
 
 
+def jailed_work(config: Config) -> str:
+    """What this configuration runs in the jail, in words ("" for nothing: built-in tools run in the service)."""
+    tools = [t.name for t in config.agent.tools if t.kind in ("python", "shell")]
+    servers = [s.name for s in config.agent.mcp_servers if s.command]
+    return " and ".join(part for part in (f"tools {', '.join(tools)}" if tools else "",
+                                          f"MCP servers {', '.join(servers)}" if servers else "") if part)
+
+
 class Jail:
     """How this tool service confines its children; ``wrap`` turns a child command into the confined one."""
 
@@ -127,8 +137,9 @@ class Jail:
             proc, self.reason = _probe(found) if found else (None, "bwrap is not installed (Debian package "
                                                                    "bubblewrap)")
             self.bwrap, self.proc = (found, proc) if proc else (None, ())
-            if mode == "bubblewrap" and self.bwrap is None:
-                raise ConfigError(f"agent.tool_isolation is bubblewrap, but {self.reason}")
+            if mode == "bubblewrap" and self.bwrap is None and (confined := jailed_work(config)):
+                raise ConfigError(f"agent.tool_isolation is bubblewrap and {confined} would run without it: "
+                                  f"{self.reason}")
         #: The uid the child drops to (None: it keeps the service's).
         self.uid: int | None = config.agent.tool_uid if self.bwrap and os.geteuid() == 0 else None
         #: Never shown to a tool: directories get an empty tmpfs over them, files /dev/null.

@@ -1,7 +1,8 @@
-"""How the watchdog sees and restarts a service: local processes, or compose containers through the docker API.
+"""How the watchdog sees and restarts a service: local processes, compose containers through the docker API, or
+the tasks of a Docker Swarm stack on this node.
 
-Both answer the same few questions (is it running, how much memory, start it,
-restart it, give it priority), so the supervisor's logic is the same for both.
+All answer the same few questions (is it running, how much memory, start it,
+restart it, give it priority), so the supervisor's logic is the same for each.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ from shared.config.operations import BACKEND_KINDS, WATCHDOG_BACKEND_ENV
 DOCKER_SOCKET = Path("/var/run/docker.sock")
 SERVICE_LABEL = "com.docker.compose.service"
 PROJECT_LABEL = "com.docker.compose.project"
+STACK_LABEL = "com.docker.stack.namespace"
+SWARM_SERVICE_LABEL = "com.docker.swarm.service.name"
+SWARM_NODE_LABEL = "com.docker.swarm.node.id"
 
 
 class BackendError(RuntimeError):
@@ -29,6 +33,8 @@ class BackendError(RuntimeError):
 
 class Backend(Protocol):
     kind: str
+    #: The platform itself replaces a service that exited (Swarm): the watchdog waits instead of starting it.
+    replaces_exited: bool
 
     def pid(self, name: str) -> int | None:
         """The service's pid while it runs; None when it is not running."""
@@ -53,6 +59,7 @@ class LocalBackend:
     """Services as local processes with pid files (``shared.process``); restarted ones are our children."""
 
     kind = "local"
+    replaces_exited = False
 
     def __init__(self, config: Config, config_path: str | None):
         self.config = config
@@ -90,6 +97,7 @@ class DockerBackend:
     """Compose containers, found by their compose labels, through the docker SDK."""
 
     kind = "docker"
+    replaces_exited = False
 
     def __init__(self, client: Any, project: str | None, stop_timeout_s: int):
         self.client = client
@@ -104,8 +112,12 @@ class DockerBackend:
             project = own_container_labels(client).get(PROJECT_LABEL)  # None: match services of any project
         return cls(client, project, stop_timeout_s)
 
+    def labels(self, name: str) -> list[str]:
+        """The labels that find the service's container."""
+        return [f"{SERVICE_LABEL}={name}"] + ([f"{PROJECT_LABEL}={self.project}"] if self.project else [])
+
     def _container(self, name: str) -> Any:
-        labels = [f"{SERVICE_LABEL}={name}"] + ([f"{PROJECT_LABEL}={self.project}"] if self.project else [])
+        labels = self.labels(name)
         found = self.client.containers.list(all=True, filters={"label": labels})
         if not found:
             raise BackendError(f"no container labelled {', '.join(labels)}")
@@ -144,6 +156,62 @@ class DockerBackend:
 
     def pin(self, name: str, cpus: set[int]) -> None:
         self._container(name).update(cpuset_cpus=",".join(str(c) for c in sorted(cpus)))
+
+
+class SwarmBackend(DockerBackend):
+    """The tasks of a Swarm stack on this node (each robot's box runs every service once, ``mode: global``).
+
+    Swarm replaces a task whose container exits (the stack's ``restart_policy``), so the watchdog never starts
+    one: it waits for Swarm. A hung or bloated task is ended through this node's engine (killed, or stopped with
+    the drain timeout) and Swarm starts its replacement. Not ``docker service update --force``: for a global
+    service that replaces the task on every node, not the hung one. The container of a replaced task is gone
+    with its CPU pinning; the supervisor pins the new one when it answers.
+    """
+
+    kind = "swarm"
+    replaces_exited = True
+
+    def __init__(self, client: Any, stack: str, node_id: str, stop_timeout_s: int):
+        super().__init__(client, None, stop_timeout_s)
+        self.stack, self.node_id = stack, node_id
+
+    @classmethod
+    def from_env(cls, project: str | None, stop_timeout_s: int) -> "SwarmBackend":
+        """The stack and node of the container this watchdog runs in (``project`` names the stack outside one)."""
+        client = docker_client()
+        own = own_container_labels(client)
+        stack = project or own.get(STACK_LABEL)
+        if not stack:
+            raise ValueError("watchdog.backend swarm: not in a stack's container; name the stack in "
+                             "watchdog.compose_project")
+        return cls(client, stack, own.get(SWARM_NODE_LABEL) or client.info()["Swarm"]["NodeID"], stop_timeout_s)
+
+    def labels(self, name: str) -> list[str]:
+        return [f"{SWARM_SERVICE_LABEL}={self.stack}_{name}", f"{SWARM_NODE_LABEL}={self.node_id}"]
+
+    def _container(self, name: str) -> Any:
+        """The running container of the service's task here; stopped ones are replaced tasks' leftovers."""
+        labels = self.labels(name)
+        found = self.client.containers.list(filters={"label": labels, "status": "running"})
+        if not found:
+            raise BackendError(f"no running container labelled {', '.join(labels)}")
+        return found[0]
+
+    def pid(self, name: str) -> int | None:
+        try:
+            return super().pid(name)
+        except BackendError:
+            return None  # between a task and its replacement
+
+    def start(self, name: str) -> None:
+        """Nothing to do: Swarm starts the replacement task (``replaces_exited``)."""
+
+    def restart(self, name: str, hard: bool) -> None:
+        container = self._container(name)
+        if hard:
+            container.kill()
+        else:
+            container.stop(timeout=self.stop_timeout_s)
 
 
 def docker_client() -> Any:
@@ -201,6 +269,8 @@ def choose_backend(config: Config) -> tuple[str, str]:
 
 
 def make_backend(kind: str, config: Config, config_path: str | None) -> Backend:
+    if kind == "swarm":
+        return SwarmBackend.from_env(config.watchdog.compose_project, round(config.runtime.stop_timeout_s()))
     if kind == "docker":
         return DockerBackend.from_env(config.watchdog.compose_project, round(config.runtime.stop_timeout_s()))
     return LocalBackend(config, config_path)

@@ -111,7 +111,8 @@ class Supervisor:
         pid = self.backend.pid(name)
         if pid is None:
             s.state, s.pid = "dead", None
-            self._restart(name, s, "dead", now)
+            if not self.backend.replaces_exited:  # else the platform (Swarm) brings it back: never fight it
+                self._restart(name, s, "dead", now)
             return
         if pid != s.pid:  # first sight, or restarted by someone else (docker's restart policy, a user)
             s.pid, s.state, s.started_mono, s.failed_checks, s.healthy_since = pid, "starting", now, 0, None

@@ -95,7 +95,8 @@ class AgentConfig(Section):
     tool_isolation: Literal["auto", "bubblewrap", "off"] = Field(
         "auto", description="python/shell tools run under bubblewrap (namespaces: only their roots visible, no "
                             "network, a kill that reaches every process they start); auto: when bwrap is "
-                            "installed and works, else rlimits only (logged); bubblewrap: refuse to start without")
+                            "installed and works, else rlimits only (logged); bubblewrap: refuse to start without it "
+                            "when a python/shell tool or stdio MCP server is configured")
     tool_uid: int = Field(65534, ge=1, le=(1 << 32) - 2, description="uid (and gid) tools run as when the "
                                                                       "service runs as root: one no other "
                                                                       "process uses (default nobody)")

@@ -62,9 +62,11 @@ class OptimizerConfig(Section):
         return v
 
 
-#: What the watchdog may supervise: compose containers through the docker API, or local processes.
-BACKEND_KINDS = ("auto", "local", "docker")
-#: Set by whoever starts the watchdog (``magnitude up``: local, compose.yaml: docker); wins over watchdog.backend.
+#: What the watchdog may supervise: compose containers or a Swarm stack's tasks through the docker API, or local
+#: processes.
+BACKEND_KINDS = ("auto", "local", "docker", "swarm")
+#: Set by whoever starts the watchdog (``magnitude up``: local, compose.yaml: docker, the Swarm stack: swarm); wins
+#: over watchdog.backend.
 WATCHDOG_BACKEND_ENV = "MAGNITUDE_WATCHDOG_BACKEND"
 
 
@@ -72,10 +74,11 @@ class WatchdogConfig(Section):
     """How the watchdog supervises the services: heartbeat, restarts, memory ceiling, inference priority."""
 
     enabled: bool = Field(True, description="`magnitude up` starts the watchdog after the services")
-    backend: Literal["auto", "local", "docker"] = Field(
-        "auto", description="docker: restart compose containers through the docker socket; local: processes "
-                            "with pid files; auto: docker only in a compose container. $MAGNITUDE_WATCHDOG_BACKEND "
-                            "wins: `magnitude up` sets it to local, compose.yaml to docker")
+    backend: Literal["auto", "local", "docker", "swarm"] = Field(
+        "auto", description="docker: restart compose containers through the docker socket; swarm: end this node's "
+                            "task of a Swarm stack and let Swarm replace it; local: processes with pid files; auto: "
+                            "docker only in a compose container. $MAGNITUDE_WATCHDOG_BACKEND wins: `magnitude up` "
+                            "sets it to local, compose.yaml to docker, the Swarm stack to swarm")
     interval_s: float = Field(2.0, gt=0, le=3600, description="seconds between heartbeats of each service")
     health_timeout_s: float = Field(1.0, gt=0, le=60, description="a health request slower than this failed")
     hung_checks: int = Field(3, ge=1, le=1000, description="consecutive failed heartbeats of a live process: "
@@ -93,8 +96,8 @@ class WatchdogConfig(Section):
                                                               "(negative needs CAP_SYS_NICE; else a warning)")
     pin_inference: bool = Field(True, description="pin inference to the big cores (highest cpuinfo_max_freq)")
     sysfs_root: Path = Field(Path("/sys"), description="where to read cpu*/cpufreq/cpuinfo_max_freq")
-    compose_project: str | None = Field(None, description="docker backend: compose project label; default: "
-                                                          "the watchdog container's own project")
+    compose_project: str | None = Field(None, description="docker backend: compose project label (swarm: the "
+                                                          "stack's name); default: the watchdog container's own")
 
     @field_validator("service_memory_ceiling_mb")
     @classmethod

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,42 +32,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from shared.client import Client, ServiceError
 from shared.config import SERVICE_NAMES, WATCHDOG_NAME
 from tests.conftest import REPO, REPORT, wait_for
+from tests.system.conftest import COMPOSE, IMAGE, run
 
 pytestmark = [pytest.mark.docker, pytest.mark.model]
 
 PROJECT = "magnitude-e2e"
-IMAGE = "magnitude:e2e"
 SERVICES = (*SERVICE_NAMES, WATCHDOG_NAME)
 SETUP_JOBS = ("setup", "setup-embedding")
 HEALTHY_WITHIN_S = 240  # inference's start_period is 60 s and each healthcheck runs every 15 s
 STARTED = time.monotonic()
-
-
-def run(*cmd: str, timeout: float = 600, check: bool = True, **env: str) -> subprocess.CompletedProcess:
-    out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                         env={**os.environ, **env})
-    if check and out.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} exited {out.returncode}:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-    return out
-
-
-def compose_command() -> list[str] | None:
-    """`docker compose` (v2 plugin) where it works, else Debian's `docker-compose` (v1)."""
-    if shutil.which("docker") and subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0:
-        return ["docker", "compose"]
-    return ["docker-compose"] if shutil.which("docker-compose") else None
-
-
-def missing_requirement() -> str | None:
-    if not shutil.which("docker"):
-        return "no docker CLI (apt-get install docker.io)"
-    if subprocess.run(["docker", "info"], capture_output=True, timeout=30).returncode != 0:
-        return "no Docker engine answers (start dockerd as root)"
-    if compose_command() is None:
-        return "no compose (apt-get install docker-compose)"
-    if os.geteuid() != 0:
-        return "not root: the base image needs debootstrap and the run volume's sockets are root's"
-    return None
 
 
 def compose(*args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
@@ -125,32 +97,6 @@ def restarts_counted(service: str) -> float:
         text = client.request("metrics")["text"]
     return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
                if sample.name == "magnitude_restarts_total" and sample.labels.get("service") == service)
-
-
-COMPOSE = compose_command() or []
-
-
-@pytest.fixture(scope="module")
-def image():
-    missing = missing_requirement()
-    if missing:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the compose end-to-end test must run in CI, but {missing}; .ci/run installs "
-                        "docker.io and docker-compose and starts dockerd", pytrace=False)
-        pytest.skip(f"compose end-to-end test: {missing}")
-    timings = {}
-    for step, cmd in (("base image", ["bash", "scripts/provision/base_image"]), ("wheelhouse", ["bash", "scripts/provision/wheelhouse"]),
-                      ("offline image build", ["docker", "build", "--network", "none", "--build-arg",
-                                               "INSTALL_FROM=wheelhouse", "-t", IMAGE, "."])):
-        start = time.monotonic()
-        run(*cmd, timeout=900)
-        timings[step] = time.monotonic() - start
-    size_mb = int(run("docker", "image", "inspect", "-f", "{{.Size}}", IMAGE).stdout) / 1e6
-    versions = run("docker", "version", "-f", "client {{.Client.Version}}, engine {{.Server.Version}}").stdout.strip()
-    compose_version = run(*COMPOSE, "version", "--short", check=False).stdout.strip()
-    REPORT.append(f"compose e2e: {' | '.join(f'{k} {v:.0f} s' for k, v in timings.items())}; image {IMAGE} "
-                  f"{size_mb:.0f} MB (docker {versions}; {' '.join(COMPOSE)} {compose_version})")
-    return size_mb
 
 
 @pytest.fixture(scope="module")
@@ -304,7 +250,7 @@ def test_down_leaves_no_container_running(stack):
 def test_a_missing_engine_fails_under_ci(tmp_path):
     """Where CI should run this module it must never skip: with no engine, CI=true fails with the reason."""
     probe = tmp_path / "test_probe.py"
-    probe.write_text("from tests.system.test_compose_e2e import image  # noqa: F401\n"
+    probe.write_text("from tests.system.conftest import image  # noqa: F401\n"
                      "def test_needs_engine(image):\n    pass\n")
     env = {"DOCKER_HOST": f"unix://{tmp_path}/none.sock", "PYTHONPATH": str(REPO)}
     for ci, returncode, expected in (("true", 1, "1 error"), ("", 0, "1 skipped")):

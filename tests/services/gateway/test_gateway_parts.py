@@ -386,6 +386,14 @@ def test_a_chat_body_is_validated_once_on_each_side_of_the_gateway_to_inference_
     assert encoder.frames == 2 and spilled.messages is None and conversions == [ChatRequest]
     data = shm.take_bytes(spilled.messages_shm, "s1", max_bytes=1 << 20)
     assert protocol.decode_messages(data, "r1") == body.messages and conversions[1:] == [protocol.Messages]
+    # To inference on another box (a LAN inference node) the same conversation goes whole: no shm there.
+    for endpoint, whole in (("tcp://10.0.0.7:5555", True), ("tcp://inference-box:5555", True),
+                            ("tcp://127.0.0.1:5555", False)):
+        sent = decode_request(Call(endpoint, "chat", body, "s1", None, 1.0).frame, max_frame_bytes=1 << 20,
+                              handled={"chat"}).message
+        assert (sent.messages == body.messages) is whole and (sent.messages_shm is None) is whole, endpoint
+        if not whole:
+            shm.unlink(sent.messages_shm["name"])
 
 
 # --- docs/gateway.md's Responses API tables, against the code -------------------------------------------------

@@ -185,11 +185,19 @@ def test_python_tools_load_from_a_relative_file_and_from_their_roots(hostile_too
     assert call(client, "wave", times=2) == "wave wave "
 
 
-def test_tool_isolation_bubblewrap_refuses_to_start_without_it(tmp_path, monkeypatch):
+def test_tool_isolation_bubblewrap_refuses_to_start_without_it_what_would_run_in_it(tmp_path, monkeypatch):
+    """Where bwrap cannot run (Docker Swarm gives a service no seccomp profile), a python or shell tool or a
+    stdio MCP server is refused; built-in tools alone (they run in the service) start, saying why."""
     monkeypatch.setattr("shutil.which", lambda name: None)
-    config = parse_config({"agent": {"tool_isolation": "bubblewrap"}, "runtime": {"data_dir": str(tmp_path)}})
-    with pytest.raises(ValueError, match="bwrap is not installed"):
-        Jail(config)
+    strict = {"tool_isolation": "bubblewrap", "file_roots": [str(tmp_path)]}
+    for extra, named in (({"tools": [_python("probe", "tools_mod:f")]}, "tools probe"),
+                         ({"tools": [_shell("say", "echo {text}", "text")]}, "tools say"),
+                         ({"mcp_servers": [{"name": "notes", "command": ["notes-server"]}]}, "MCP servers notes")):
+        config = parse_config({"agent": {**strict, **extra}, "runtime": {"data_dir": str(tmp_path)}})
+        with pytest.raises(ValueError, match=f"{named} would run without it: bwrap is not installed"):
+            Jail(config)
+    builtins_only = Jail(parse_config({"agent": strict, "runtime": {"data_dir": str(tmp_path)}}))
+    assert builtins_only.describe()["isolation"] == "rlimits"
     fallback = Jail(parse_config({"runtime": {"data_dir": str(tmp_path)}}))
     assert fallback.describe() == {"isolation": "rlimits", "tool_uid": None,
                                    "why": "bwrap is not installed (Debian package bubblewrap)"}

@@ -45,6 +45,7 @@ class FakeBackend:
     """Processes as a dict: name -> pid (None = dead); records what the supervisor asked for."""
 
     kind = "fake"
+    replaces_exited = False
 
     def __init__(self):
         self.pids = {name: 100 + i for i, name in enumerate(SERVICE_NAMES)}
@@ -168,6 +169,29 @@ def test_live_process_without_its_socket_is_restarted_at_once(tmp_path):
     assert sup.states["retrieval"].last_reason == "unreachable"
     sup.tick()  # a restarted one is starting: its socket may not exist yet
     assert len([c for c in backend.calls if c[0] == "restart"]) == 1
+
+
+def test_a_platform_that_replaces_exited_services_is_left_to_it_and_a_hung_one_is_still_ended(tmp_path):
+    """Swarm replaces a task that exits: the watchdog must not start one beside it, nor count its work."""
+    healthy = {name: True for name in SERVICE_NAMES}
+    sup, backend, clock, log, _ = make_supervisor(tmp_path, healthy=healthy)
+    backend.replaces_exited = True
+    sup.tick()
+    backend.calls.clear()  # inference prioritized
+    backend.pids["tools"] = None  # the task exited; Swarm is replacing it
+    for _ in range(10):
+        clock.now += 2
+        sup.tick()
+    assert backend.calls == [] and sup.status()["services"]["tools"]["state"] == "dead"
+    assert sup.status()["services"]["tools"]["restarts"] == 0
+    backend.pids["tools"] = 4242  # Swarm's new task answers
+    sup.tick()
+    healthy["tools"] = False  # ... then hangs
+    for _ in range(5):
+        clock.now += 2
+        sup.tick()
+    assert ("restart", "tools", True) in backend.calls
+    assert sup.status()["services"]["tools"]["last_reason"] == "hung"
 
 
 def test_a_process_that_dies_during_its_heartbeat_is_dead_not_unreachable(tmp_path):

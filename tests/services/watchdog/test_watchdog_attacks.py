@@ -16,6 +16,7 @@ class _FragileBackend:
     """The watchdog's view of one stand-in tools process (tests.fragile_service); the others are absent."""
 
     kind = "test"
+    replaces_exited = False
 
     def __init__(self, svc: ServiceProcess):
         self.svc, self.restarted = svc, []
