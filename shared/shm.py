@@ -6,8 +6,10 @@ keeps a ``ShmPool`` of what it handed out and unlinks anything not taken within
 a TTL (consumer died or never asked), and at start-up ``sweep_orphans`` unlinks
 segments whose creating process is gone, so a crash leaks nothing past a restart.
 
-Segment names are ``mag_<pid>_<hex>`` so the owner pid can be recovered, and
-segments are created mode 0600. /dev/shm is world-writable, so the start-up sweep
+Segment names are ``mag_<pid namespace>_<pid>_<hex>`` so the owner pid can be recovered, and
+segments are created mode 0600. Containers share one /dev/shm with their own PID namespaces (compose's
+``ipc: service:inference``, the Swarm stack's shm volume), where a pid means nothing: the sweep judges only
+segments made in its own namespace. /dev/shm is world-writable, so the start-up sweep
 touches only names in exactly that format and files owned by this uid, and a file
 it cannot judge is skipped, never a reason to fail. Names are listable in /dev/shm, so a name is not
 a capability: whoever creates a segment writes a header into it that records a
@@ -49,7 +51,7 @@ INLINE_LIMIT_BYTES = 256 * 1024
 #: What ``take_*`` reads at most unless its caller says otherwise.
 MAX_TAKE_BYTES = 64 << 20
 _MAX_SEGMENT_BYTES = 1 << 31
-_NAME = re.compile(rf"^{PREFIX}[0-9]{{1,10}}_[0-9a-f]{{16}}$")
+_NAME = re.compile(rf"^{PREFIX}[0-9]{{1,10}}_[0-9]{{1,10}}_[0-9a-f]{{16}}$")
 _KEY = re.compile(r"^[0-9a-f]{32}$")
 #: What the creator writes first: magic, key, bound-to-a-session flag, SHA-256 of the session, payload size.
 _HEADER = struct.Struct("<4s16sB32sQ3x")
@@ -65,8 +67,24 @@ def _untrack(shm: shared_memory.SharedMemory) -> None:
         pass
 
 
+def _pid_namespace() -> int:
+    """This process's PID namespace (its inode), 0 where there is no /proc to say."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
+PID_NAMESPACE = _pid_namespace()
+
+
+def segment_name(pid: int | None = None) -> str:
+    """A new segment's name: this PID namespace, the creating pid (default ours), a random part."""
+    return f"{PREFIX}{PID_NAMESPACE}_{os.getpid() if pid is None else pid}_{uuid.uuid4().hex[:16]}"
+
+
 def _create(size: int) -> shared_memory.SharedMemory:
-    name = f"{PREFIX}{os.getpid()}_{uuid.uuid4().hex[:16]}"
+    name = segment_name()
     shm = shared_memory.SharedMemory(name=name, create=True, size=max(size, 1))
     _untrack(shm)
     return shm
@@ -160,7 +178,7 @@ def unlink(name: str) -> bool:
 
 
 def sweep_orphans() -> list[str]:
-    """Unlink our uid's Magnitude segments whose creating process no longer exists.
+    """Unlink our uid's Magnitude segments, made in our PID namespace, whose creating process no longer exists.
 
     Anyone can create files in /dev/shm: a name not in our exact format, or a file of another uid, is not
     ours to judge, and one that vanishes or cannot be read while we look is skipped."""
@@ -174,7 +192,8 @@ def sweep_orphans() -> list[str]:
         try:
             if path.lstat().st_uid != uid:
                 continue
-            if not is_alive(int(path.name[len(PREFIX):].split("_", 1)[0])) and unlink(path.name):
+            namespace, pid = (int(part) for part in path.name[len(PREFIX):].split("_")[:2])
+            if namespace == PID_NAMESPACE and not is_alive(pid) and unlink(path.name):
                 removed.append(path.name)
         except OSError:
             continue

@@ -41,8 +41,10 @@ def test_planted_shm_files_cannot_stop_a_service_from_starting(tmp_path):
     """Finding 3: any account may create files in /dev/shm; on main each of these made every service exit 1."""
     dead = dead_pid()
     planted = {"overflow": "mag_99999999999_0", "negative": "mag_-1_0123456789abcdef",
-               "another uid's orphan": f"mag_{dead}_{uuid.uuid4().hex[:16]}"}
-    orphan = f"mag_{dead}_{uuid.uuid4().hex[:16]}"  # ours, of a dead process: the sweep's real job
+               "another uid's orphan": shm.segment_name(dead),
+               # made in another container's PID namespace (its own /dev/shm is shared): its pid means nothing here
+               "another namespace's": f"mag_{shm.PID_NAMESPACE + 1}_{dead}_{uuid.uuid4().hex[:16]}"}
+    orphan = shm.segment_name(dead)  # ours, of a dead process: the sweep's real job
     for name in (*planted.values(), orphan):
         (Path("/dev/shm") / name).write_bytes(b"x")
     if AS_ROOT:

@@ -33,7 +33,7 @@ CASES = {
     "body not a map": (frame_with(body=[1, 2]), "bad_request"),
     "bad grammar": (frame_with(body={"prompt": "hi", "grammar": "root ::= ("}), "bad_request"),
     "bad shm handle": (frame_with(body={"prompt_shm": {"name": "mag_1_gone", "size": 10}}), "bad_request"),
-    "gone shm segment": (frame_with(body={"prompt_shm": {"name": "mag_1_0123456789abcdef", "size": 10,
+    "gone shm segment": (frame_with(body={"prompt_shm": {"name": "mag_1_1_0123456789abcdef", "size": 10,
                                                          "key": "0" * 32}}), "not_found"),
 }
 
