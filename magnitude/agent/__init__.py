@@ -10,11 +10,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 
-from services.agent.loop import SYSTEM_PROMPT, Run, Step, ToolCall, Trace, tool_output, tool_specs
+from services.agent.loop import SYSTEM_PROMPT, CallRecord, Run, Step, Trace, tool_output, tool_specs
 from shared.client import AsyncClient, Client, Retry, ServiceError
 from shared.config import Config, load_config
 
-__all__ = ["SYSTEM_PROMPT", "Agent", "AsyncAgent", "Step", "ToolCall", "Trace", "submit_feedback",
+__all__ = ["SYSTEM_PROMPT", "Agent", "AsyncAgent", "CallRecord", "Step", "Trace", "submit_feedback",
            "tool_output", "tool_specs"]
 
 _SERVICES = ("inference", "tools", "retrieval", "optimizer")

@@ -89,7 +89,9 @@ class Request:
 
 
 @dataclass
-class ToolCall:
+class CallRecord:
+    """A tool call a step made, as the trace keeps it: what was asked and what came back."""
+
     name: str
     arguments: str  # as the model wrote them (a JSON string)
     output: str = ""
@@ -101,7 +103,7 @@ class ToolCall:
 class Step:
     index: int
     content: str  # the model's text: beside its tool calls, or the answer
-    calls: list[ToolCall] = field(default_factory=list)
+    calls: list[CallRecord] = field(default_factory=list)
     prompt_tokens: int = 0
     summarized_turns: int = 0  # history turns the context budget held as a summary at this step
     compressed: bool = False  # the optimizer's advice made this step compress the history
@@ -166,7 +168,7 @@ def _canonical(arguments: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def _result(call: ToolCall) -> str:
+def _result(call: CallRecord) -> str:
     """What a call gives back to the model: its output, or its error."""
     return call.output if call.error is None else f"Error: {call.error}"
 
@@ -202,12 +204,12 @@ def tool_output(body: dict) -> str:
     return body.get("output", "")
 
 
-def _parsed(call: dict) -> tuple[ToolCall, dict | None]:
+def _parsed(call: dict) -> tuple[CallRecord, dict | None]:
     """A call as the model made it, with its arguments as an object (None, and the call's error, when they are
     not one)."""
     fn = call.get("function") or {}
     raw = fn.get("arguments")
-    done = ToolCall(str(fn.get("name")), raw if isinstance(raw, str) else json.dumps(raw))
+    done = CallRecord(str(fn.get("name")), raw if isinstance(raw, str) else json.dumps(raw))
     try:
         args = json.loads(raw) if isinstance(raw, str) else raw
     except json.JSONDecodeError as err:
@@ -282,8 +284,8 @@ class Run:
             trace.language = policy.language
             checks = self.config.agent.answer_checks
             history = self.history
-            made: dict[tuple[str, str], ToolCall] = {  # (tool, arguments) of each call already run for this question
-                (tool, _canonical(arguments)): ToolCall(tool, arguments, result, valid=True)
+            made: dict[tuple[str, str], CallRecord] = {  # (tool, arguments) of each call already run for this question
+                (tool, _canonical(arguments)): CallRecord(tool, arguments, result, valid=True)
                 for tool, arguments, result in (memory.facts[len(memory.facts) - earlier.answering:] if earlier else [])}
             last_compressed, answer_now, forced, insist = -_COMPRESS_EVERY, False, None, None
             if earlier and earlier.answering:  # a run under way, re-sent by its client after its calls' results:
@@ -442,7 +444,7 @@ class Run:
         self.trace.cached_tokens += reply.stats.cached_tokens
         self.trace.output_tokens += reply.stats.completion_tokens
 
-    def _call_tools(self, calls: list[dict]) -> Generator[Request, Any, list[ToolCall]]:
+    def _call_tools(self, calls: list[dict]) -> Generator[Request, Any, list[CallRecord]]:
         """Each call's outcome, in the step's order: the configured tools' run one at a time, the caller's handed
         out together (one ``tool.calls`` request), as OpenAI's APIs hand a step's calls to their client."""
         parsed = [_parsed(call) for call in calls]

@@ -26,7 +26,7 @@ from llama_cpp import _internals
 
 from services.inference.chat_template import ChatTemplate, Segment
 from services.inference.constraint import Constraint, Vocabulary, check_schema
-from services.inference.tool_calls import (OPEN, Tool, ToolCall, answer_or_calls_grammar, scan, tagged_grammar,
+from services.inference.tool_calls import (OPEN, ParsedCall, Tool, answer_or_calls_grammar, scan, tagged_grammar,
                                            tool_table, triggers)
 from shared import protocol
 from shared.protocol import bad_request, finish_reason, unsent_text
@@ -210,7 +210,7 @@ class ChatTurn:
         self._text += piece
         self._flush(final=False)
 
-    def _flush(self, final: bool) -> list[ToolCall]:
+    def _flush(self, final: bool) -> list[ParsedCall]:
         if self._parse_calls:
             found = scan(self._text, self._tools, final)
             content, calls = found.content, found.calls

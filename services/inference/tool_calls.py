@@ -107,7 +107,9 @@ def answer_or_calls_grammar(schema: dict, tools: dict[str, Tool] | None, vocab: 
 
 # --- parsing ------------------------------------------------------------------------------
 @dataclass
-class ToolCall:
+class ParsedCall:
+    """A call read from the model's text, before it has an id (``wire`` gives it one, as the protocol's ToolCall)."""
+
     name: str
     arguments: str  # JSON text (the model's own text when it does not parse)
     error: str | None = None  # why the call cannot be run as written (the agent feeds it back)
@@ -120,7 +122,7 @@ class ToolCall:
 @dataclass
 class Scan:
     content: str  # assistant text that is not call markup
-    calls: list[ToolCall]
+    calls: list[ParsedCall]
 
 
 def _decode(text: str, start: int) -> tuple[Any, int | None]:
@@ -139,24 +141,24 @@ def _decode(text: str, start: int) -> tuple[Any, int | None]:
     return None, None
 
 
-def _validated(name: str, arguments: Any, tools: dict[str, Tool]) -> ToolCall:
+def _validated(name: str, arguments: Any, tools: dict[str, Tool]) -> ParsedCall:
     if isinstance(arguments, str):  # some models write the arguments as a JSON string, as OpenAI's wire does
         parsed, end = _decode(arguments.strip(), 0)
         arguments = parsed if end is not None else arguments
     text = json.dumps(arguments, ensure_ascii=False)
     tool = tools.get(name)
     if tool is None:
-        return ToolCall(name, text, f"unknown tool {name!r}; tools: {', '.join(tools)}")
+        return ParsedCall(name, text, f"unknown tool {name!r}; tools: {', '.join(tools)}")
     if not isinstance(arguments, dict):
-        return ToolCall(name, text, f"{name}: arguments must be a JSON object")
+        return ParsedCall(name, text, f"{name}: arguments must be a JSON object")
     error = jsonschema.exceptions.best_match(tool.validator.iter_errors(arguments))
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "arguments"
-        return ToolCall(name, text, f"{name} {where}: {error.message[:300]}")
-    return ToolCall(name, text)
+        return ParsedCall(name, text, f"{name} {where}: {error.message[:300]}")
+    return ParsedCall(name, text)
 
 
-def _as_calls(value: Any, tools: dict[str, Tool], known_only: bool) -> list[ToolCall]:
+def _as_calls(value: Any, tools: dict[str, Tool], known_only: bool) -> list[ParsedCall]:
     """The calls a parsed JSON value holds: ``{"name", "arguments"|"parameters"}`` or a list of those."""
     items = value if isinstance(value, list) and value else [value]
     shaped = [v for v in items if isinstance(v, dict) and isinstance(v.get("name"), str)
@@ -166,10 +168,10 @@ def _as_calls(value: Any, tools: dict[str, Tool], known_only: bool) -> list[Tool
     return [_validated(v["name"], v.get("arguments", v.get("parameters")), tools) for v in shaped]
 
 
-def _tagged(body: str, tools: dict[str, Tool]) -> list[ToolCall]:
+def _tagged(body: str, tools: dict[str, Tool]) -> list[ParsedCall]:
     value, end = _decode(body.strip(), 0)
     calls = _as_calls(value, tools, known_only=False) if end is not None else []
-    return calls or [ToolCall("", json.dumps(body.strip(), ensure_ascii=False),
+    return calls or [ParsedCall("", json.dumps(body.strip(), ensure_ascii=False),
                               'a <tool_call> must hold {"name": ..., "arguments": {...}}')]
 
 
@@ -187,7 +189,7 @@ def _held_suffix(text: str) -> int:
 def scan(text: str, tools: dict[str, Tool], final: bool) -> Scan:
     """Split a reply into content and calls. While generating (``final`` False) the content stops where markup
     may be starting, and only complete calls are listed: what can be streamed now without taking it back."""
-    calls: list[ToolCall] = []
+    calls: list[ParsedCall] = []
     first: int | None = None  # where the first call (or markup not yet decided) starts: content ends there
     pos = 0
     lead = len(text) - len(text.lstrip())
