@@ -13,7 +13,7 @@ verbatim to long-term memory; and when the optimizer advises it (the session's
 decode speed has halved), the history is compressed at once.
 
 The loop does no I/O (the sans-I/O pattern of h11): ``Run`` is a generator of
-``Request`` operations that receives each reply (or the ``ServiceError``), and its
+``ServiceCall`` operations that receives each reply (or the ``ServiceError``), and its
 drivers only carry requests to the services: ``Agent`` / ``AsyncAgent``
 (``magnitude.agent``) over ZeroMQ, and the gateway's ``POST /v1/responses``
 (``services.gateway.responses``). Tools a caller declares (``caller_tools``) are
@@ -75,7 +75,7 @@ _COMPRESS_EVERY = 3
 
 
 @dataclass(frozen=True)
-class Request:
+class ServiceCall:
     """One operation of the loop: a request to a service (``session`` None: outside the run's session).
 
     ``optional``: the run goes on without it (recall, advice, remembering), so it is never retried: a
@@ -246,7 +246,7 @@ class Run:
         self.trace = Trace(goal, session_id)
         self.max_iterations = max_iterations or config.agent.max_iterations
         self._steps = self._loop()
-        self.pending: Request | None = None
+        self.pending: ServiceCall | None = None
         self.advance(None)
 
     def advance(self, reply: Any) -> None:
@@ -257,12 +257,12 @@ class Run:
             self.pending = None
 
     def _ask(self, service: str, msg_type: str, body: dict | None = None, in_session: bool = True,
-             optional: bool = False) -> Request:
-        return Request(service, msg_type, body or {}, self.trace.session_id if in_session else None, optional)
+             optional: bool = False) -> ServiceCall:
+        return ServiceCall(service, msg_type, body or {}, self.trace.session_id if in_session else None, optional)
 
     # One generator whose state (history, calls made, the tool it insists on) lives across steps: splitting it
     # needs that state in an object first (issue 36), so it is the one function past ruff's complexity limit.
-    def _loop(self) -> Generator[Request, Any, None]:  # noqa: C901
+    def _loop(self) -> Generator[ServiceCall, Any, None]:  # noqa: C901
         trace = self.trace
         started = time.monotonic()
         try:
@@ -400,15 +400,16 @@ class Run:
         return Conversation(self.earlier.opening if self.earlier else self.trace.goal, [*said, *answer],
                             list(self.trace.memories), list(self.memory.facts) if self.memory else [])
 
-    def _chat(self, messages: list[dict], in_session: bool = True, **params: Any) -> Generator[Request, Any, ChatResult]:
+    def _chat(self, messages: list[dict], in_session: bool = True,
+              **params: Any) -> Generator[ServiceCall, Any, ChatResult]:
         """A ``chat`` turn of this run, its request built as ``Client.chat`` builds one (the client that sends it
         moves a long conversation to shared memory); the configured model, seed 0, the run's priority."""
         session = self.trace.session_id if in_session else None
         body = chat_request(messages, model=self.config.agent.model, seed=0, priority=self.priority, **params)
-        return read_result(ChatResult, (yield Request("inference", "chat", body, session)))
+        return read_result(ChatResult, (yield ServiceCall("inference", "chat", body, session)))
 
     def _step_chat(self, messages: list[dict], in_session: bool = True,
-                   **params: Any) -> Generator[Request, Any, ChatResult]:
+                   **params: Any) -> Generator[ServiceCall, Any, ChatResult]:
         """A step's ``chat`` turn: the caller's sampling, else the agent's; at most the tokens the run has left."""
         agent, steering = self.config.agent, self.steering
         temperature = agent.temperature if steering.temperature is None else steering.temperature
@@ -422,7 +423,7 @@ class Run:
         cap = self.steering.max_output_tokens
         return None if cap is None else max(0, cap - self.trace.output_tokens)
 
-    def _answer_from(self, note: str, index: int) -> Generator[Request, Any, Step]:
+    def _answer_from(self, note: str, index: int) -> Generator[ServiceCall, Any, Step]:
         """The step that answers from the working memory's ``note`` alone (outside the session: its prompt is not
         the conversation's)."""
         messages = [{"role": "system", "content": _ANSWER_SYSTEM},
@@ -444,7 +445,7 @@ class Run:
         self.trace.cached_tokens += reply.stats.cached_tokens
         self.trace.output_tokens += reply.stats.completion_tokens
 
-    def _call_tools(self, calls: list[dict]) -> Generator[Request, Any, list[CallRecord]]:
+    def _call_tools(self, calls: list[dict]) -> Generator[ServiceCall, Any, list[CallRecord]]:
         """Each call's outcome, in the step's order: the configured tools' run one at a time, the caller's handed
         out together (one ``tool.calls`` request), as OpenAI's APIs hand a step's calls to their client."""
         parsed = [_parsed(call) for call in calls]
@@ -469,7 +470,7 @@ class Run:
                     done.output, done.valid = output, True
         return [done for done, _ in parsed]
 
-    def _recall(self) -> Generator[Request, Any, list[str]]:
+    def _recall(self) -> Generator[ServiceCall, Any, list[str]]:
         """Memories relevant to the goal, for the first prompt; none when retrieval is not running."""
         agent = self.config.agent
         if not agent.recall_k:
@@ -483,20 +484,20 @@ class Run:
             return []
         return [h["text"] for h in hits if h["score"] >= agent.recall_min_score]
 
-    def _advised_to_compress(self) -> Generator[Request, Any, bool]:
+    def _advised_to_compress(self) -> Generator[ServiceCall, Any, bool]:
         try:
             return bool((yield self._ask("optimizer", "optimizer.advice", optional=True)).get("compress"))
         except ServiceError:  # no optimizer running: nobody advises
             return False
 
     def _asked(self, questions: Generator[AskModel, Any, Any], built: BuiltPrompt | None = None,
-               tools: list[dict] | None = None) -> Generator[Request, Any, Any]:
+               tools: list[dict] | None = None) -> Generator[ServiceCall, Any, Any]:
         """Carry the step policy's questions to the model; its result. A question about a candidate answer goes
         in the run's session after ``built`` (the prompt that answer replied to, with its ``tools``, so the
         template renders the same prefix) and the answer: only those two turns are prefilled, and the next
         prompt, which leaves them out, still reuses the KV before them. A question the run's token cap
         (``max_output_tokens``) has no room for is not asked: no answer to it."""
-        def ask(op: AskModel) -> Generator[Request, Any, dict | None]:
+        def ask(op: AskModel) -> Generator[ServiceCall, Any, dict | None]:
             left = self._budget_left()
             if left is not None and left < _ASK_TOKENS:  # the caller's cap counts every token: no room to ask
                 return None
@@ -520,23 +521,23 @@ class Run:
             return value if isinstance(value, dict) else None
         return (yield from translate(questions, ask))
 
-    def _budgeted(self, build: Generator[Operation, Any, Any]) -> Generator[Request, Any, Any]:
+    def _budgeted(self, build: Generator[Operation, Any, Any]) -> Generator[ServiceCall, Any, Any]:
         """Carry the context budget's operations out as service requests; its result."""
         return (yield from translate(build, self._answer))
 
-    def _answer(self, op: Operation) -> Generator[Request, Any, Any]:
+    def _answer(self, op: Operation) -> Generator[ServiceCall, Any, Any]:
         if isinstance(op, Count):
             return len((yield self._ask("inference", "tokenize", {"text": op.text}))["tokens"])
         if isinstance(op, Summarize):
             return (yield from self._summarize(op))
         return (yield from self._remember(op.turns))
 
-    def _summarize(self, op: Summarize) -> Generator[Request, Any, str]:
+    def _summarize(self, op: Summarize) -> Generator[ServiceCall, Any, str]:
         messages = [{"role": "user", "content": f"{transcript(op.turns)}\n\n{_SUMMARY_PROMPT}"}]
         reply = yield from self._chat(messages, in_session=False, max_tokens=op.max_tokens, temperature=0.0)
         return reply.content
 
-    def _remember(self, turns: tuple[Turn, ...]) -> Generator[Request, Any, None]:
+    def _remember(self, turns: tuple[Turn, ...]) -> Generator[ServiceCall, Any, None]:
         """Write summarized turns verbatim to long-term memory; a failure is a warning, the run goes on."""
         items = [{"id": f"{self.trace.session_id}-{t.key}", "text": t.text,
                   "metadata": {"role": t.role, "session": self.trace.session_id, "kind": "turn"}}

@@ -38,7 +38,7 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request as HttpRequest
 
 from services.agent.context import Turn, turn_text
-from services.agent.loop import Conversation, Request, Run, Steering
+from services.agent.loop import Conversation, Run, ServiceCall, Steering
 from services.gateway.access import Caller, Context, Gateway, PriorityHeader, owned, scoped, tenant
 from services.gateway.disconnect import unless_disconnected
 from services.gateway.errors import ApiError, bad_request, documented, from_service_error
@@ -138,7 +138,7 @@ class AgentRun:
             for item in self._new_items():
                 yield item
 
-    async def _carry(self, req: Request) -> dict | ServiceError:
+    async def _carry(self, req: ServiceCall) -> dict | ServiceError:
         """The reply to one of the loop's requests, or its failure for the loop to handle; before the first
         model step a failure is the HTTP request's own (``ApiError``)."""
         body = (msgspec.structs.replace(req.body, owner=tenant(self.owner)) if isinstance(req.body, ChatRequest)

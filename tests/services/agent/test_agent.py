@@ -14,7 +14,7 @@ import pytest
 
 from magnitude.agent import Agent, AsyncAgent, submit_feedback
 from services.agent.context import Turn
-from services.agent.loop import _SUMMARY_PROMPT, Conversation, Request, Run, turn_text
+from services.agent.loop import _SUMMARY_PROMPT, Conversation, Run, ServiceCall, turn_text
 from services.agent.policy import JUDGE_QUESTION, LANGUAGE_QUESTION, RECOMPUTE_QUESTION, mentions
 from shared.client import AsyncClient, Client, ServiceError
 from shared.config import parse_config
@@ -40,12 +40,12 @@ class Scripted:
         self.replies, self.advice, self.requests = list(replies), advice, []
         self.language, self.judgments, self.expressions = language, list(judgments), list(expressions)
 
-    def steps(self) -> list[Request]:
+    def steps(self) -> list[ServiceCall]:
         """The chat requests of the run's steps (not the policy's questions, not the summarizer's)."""
         return [r for r in self.requests if r.type == "chat" and "response_format" not in r.body
                 and _SUMMARY_PROMPT not in r.body["messages"][-1]["content"]]
 
-    def __call__(self, req: Request):
+    def __call__(self, req: ServiceCall):
         req = dataclasses.replace(req, body=msgspec.to_builtins(req.body))  # as the wire carries it
         self.requests.append(req)
         if req.type == "tool.list":
@@ -217,7 +217,7 @@ class WithFiles(Scripted):
         super().__init__(replies, **kwargs)
         self.files = files
 
-    def __call__(self, req: Request):
+    def __call__(self, req: ServiceCall):
         if req.type == "tool.list":
             self.requests.append(req)
             return {"tools": [CALCULATOR, FILE_READER]}

@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from services.agent.loop import Request, Run
+from services.agent.loop import Run, ServiceCall
 from shared.client import Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import REPO, ServiceProcess, chat_reply, free_port, wait_for, wait_listening, write_config
@@ -219,7 +219,7 @@ def test_an_agent_run_goes_on_past_a_crashed_mcp_call(tools):
     assert trace.stopped == "final_answer" and "38 m" in trace.answer
 
 
-def _answer(req: Request, client: Client, replies: list[dict]):
+def _answer(req: ServiceCall, client: Client, replies: list[dict]):
     """The model and its budget scripted; tool requests to the real tool service."""
     if req.service == "tools":
         try:
