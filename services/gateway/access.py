@@ -80,7 +80,7 @@ def _unauthorized(message: str) -> ApiError:
 #: description. They are admitted from a pool of their own (``middleware.Admission``).
 OPEN_PATHS = frozenset({"/health", "/openapi.json"})
 #: Where ``middleware.Authenticate`` leaves the caller for the routes (``scope["state"]``).
-CALLER_KEY = "caller"
+OWNER_KEY = "owner"
 
 
 def authenticate(gw: Gateway, authorization: str) -> str | None:
@@ -103,9 +103,9 @@ def authenticate(gw: Gateway, authorization: str) -> str | None:
     return owner
 
 
-async def caller(request: Request) -> str | None:
+async def request_owner(request: Request) -> str | None:
     """The calling key's name as ``middleware.Authenticate`` found it; None when no key is needed."""
-    return request.scope["state"][CALLER_KEY]
+    return request.scope["state"][OWNER_KEY]
 
 
 def scoped(owner: str | None, session_id: str | None) -> str | None:
@@ -121,14 +121,14 @@ def scoped(owner: str | None, session_id: str | None) -> str | None:
 KEYLESS = "(keyless)"
 
 
-def tenant(owner: str | None) -> str:
+def wire_owner(owner: str | None) -> str:
     """Who an inference request is for (its ``owner`` field): the caller's key name, or ``KEYLESS``."""
     return KEYLESS if owner is None else owner
 
 
 def owned(body: dict[str, Any], owner: str | None) -> dict[str, Any]:
-    """An untyped inference request's body naming who it is for (``tenant``)."""
-    return {**body, "owner": tenant(owner)}
+    """An untyped inference request's body naming who it is for (``wire_owner``)."""
+    return {**body, "owner": wire_owner(owner)}
 
 
 SessionHeader = Annotated[str | None, Header(
@@ -137,7 +137,8 @@ SessionHeader = Annotated[str | None, Header(
                 "(usage.prompt_tokens_details.cached_tokens and timings.cache_n say how much was reused)")]
 
 
-async def session(owner: Annotated[str | None, Depends(caller)], x_session_id: SessionHeader = None) -> str | None:
+async def session(owner: Annotated[str | None, Depends(request_owner)],
+                  x_session_id: SessionHeader = None) -> str | None:
     return scoped(owner, x_session_id)
 
 
@@ -147,5 +148,5 @@ PriorityHeader = Annotated[Priority | None, Header(
 
 
 Context = Annotated[Gateway, Depends(gateway)]
-Caller = Annotated[str | None, Depends(caller)]
+Owner = Annotated[str | None, Depends(request_owner)]
 Session = Annotated[str | None, Depends(session)]

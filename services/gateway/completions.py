@@ -20,7 +20,7 @@ from fastapi import APIRouter
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 
-from services.gateway.access import Caller, Context, Gateway, PriorityHeader, Session, SessionHeader, tenant
+from services.gateway.access import Context, Gateway, Owner, PriorityHeader, Session, SessionHeader, wire_owner
 from services.gateway.agent_chat import AgentHeader, agent_completion, wants_agent
 from services.gateway.disconnect import unless_disconnected
 from services.gateway.errors import ApiError, documented, error_body
@@ -52,7 +52,7 @@ STREAM_CHUNKS = {"/v1/chat/completions": ChatCompletionChunk, "/v1/completions":
 
 @router.post("/v1/chat/completions", response_model=ChatCompletion, responses=GENERATION_RESPONSES,
              summary="Chat with the model's own template and native tool calls")
-async def chat_completions(req: ChatCompletionRequest, gw: Context, session_id: Session, owner: Caller,
+async def chat_completions(req: ChatCompletionRequest, gw: Context, session_id: Session, owner: Owner,
                            http: Request, x_priority: PriorityHeader = None, x_session_id: SessionHeader = None,
                            x_agent_policy: AgentHeader = None):
     if wants_agent(req, x_agent_policy):  # the agent's step policy over the client's tool loop
@@ -64,7 +64,7 @@ async def chat_completions(req: ChatCompletionRequest, gw: Context, session_id: 
 
 @router.post("/v1/completions", response_model=Completion, responses=GENERATION_RESPONSES,
              summary="Complete a raw prompt")
-async def completions(req: CompletionRequest, gw: Context, session_id: Session, owner: Caller,
+async def completions(req: CompletionRequest, gw: Context, session_id: Session, owner: Owner,
                       http: Request, x_priority: PriorityHeader = None):
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     shape = CompletionShape(req.model, include_usage, echo=req.prompt_text() if req.echo else None)
@@ -80,7 +80,7 @@ def sampling(req: SamplingParams, max_tokens: int | None, owner: str | None,
     return dict(model=req.model, max_tokens=max_tokens, temperature=req.temperature, top_p=req.top_p,
                 top_k=req.top_k, stop=req.stop_list(), stream=req.stream,
                 seed=req.seed if req.seed is not None else secrets.randbelow(MAX_SEED + 1),
-                owner=tenant(owner), priority=priority or DEFAULT_PRIORITY)
+                owner=wire_owner(owner), priority=priority or DEFAULT_PRIORITY)
 
 
 def chat_request(req: ChatCompletionRequest, owner: str | None, priority: Priority | None) -> wire.ChatRequest:

@@ -22,7 +22,7 @@ from itertools import accumulate
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.gateway.access import CALLER_KEY, OPEN_PATHS, Gateway, authenticate
+from services.gateway.access import OPEN_PATHS, OWNER_KEY, Gateway, authenticate
 from services.gateway.errors import ERROR_CODE_KEY, ApiError, bad_request
 from shared.protocol import ErrorCode
 from shared.security import host_allowed
@@ -67,7 +67,7 @@ class Authenticate:
                 owner = authenticate(self.gw, Headers(scope=scope).get("authorization", ""))
             except ApiError as err:
                 return await self.respond(err)(scope, receive, send)
-            scope.setdefault("state", {})[CALLER_KEY] = owner
+            scope.setdefault("state", {})[OWNER_KEY] = owner
         await self.app(scope, receive, send)
 
 
@@ -78,42 +78,42 @@ OPEN_PATH_SLOTS = 8
 
 
 class Admission:
-    """At most ``limit`` API requests at once, and at most ``per_caller`` of one caller (an API key; keyless
+    """At most ``limit`` API requests at once, and at most ``per_owner`` of one caller (an API key; keyless
     callers are one caller), each counted from its start to the last byte of its response (a stream's whole
     length); one more is answered 429 at once rather than queued. Open paths have a pool of their own
     (``OPEN_PATH_SLOTS``). ``on_change`` hears the total: the service reports it and drains until it is 0."""
 
-    def __init__(self, app: ASGIApp, limit: int, per_caller: int, respond: Callable[[ApiError], ASGIApp],
+    def __init__(self, app: ASGIApp, limit: int, per_owner: int, respond: Callable[[ApiError], ASGIApp],
                  on_change: Callable[[int], None]):
         self.app = app
         self.limit = limit
-        self.per_caller = per_caller
+        self.per_owner = per_owner
         self.respond = respond
         self.on_change = on_change
         self.open_in_flight = 0
-        self.by_caller: Counter[str | None] = Counter()
+        self.by_owner: Counter[str | None] = Counter()
 
     @property
     def in_flight(self) -> int:
-        return self.open_in_flight + self.by_caller.total()
+        return self.open_in_flight + self.by_owner.total()
 
     def _refusal(self, scope: Scope) -> str | None:
         """Why the request is not admitted now; None when it is."""
         if scope["path"] in OPEN_PATHS:
             return None if self.open_in_flight < OPEN_PATH_SLOTS else \
                 f"{OPEN_PATH_SLOTS} health or document requests are in flight"
-        owner = scope["state"][CALLER_KEY]
-        if self.by_caller.total() >= self.limit:
+        owner = scope["state"][OWNER_KEY]
+        if self.by_owner.total() >= self.limit:
             return f"the gateway has {self.limit} requests in flight (gateway.max_concurrent)"
-        if self.by_caller[owner] >= self.per_caller:
-            return f"this caller has {self.per_caller} requests in flight (gateway.max_concurrent_per_key)"
+        if self.by_owner[owner] >= self.per_owner:
+            return f"this caller has {self.per_owner} requests in flight (gateway.max_concurrent_per_key)"
         return None
 
     def _count(self, scope: Scope, delta: int) -> None:
         if scope["path"] in OPEN_PATHS:
             self.open_in_flight += delta
         else:
-            self.by_caller[scope["state"][CALLER_KEY]] += delta
+            self.by_owner[scope["state"][OWNER_KEY]] += delta
         self.on_change(self.in_flight)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -18,7 +18,7 @@ import numpy as np
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
-from services.gateway.access import Caller, Context, scoped
+from services.gateway.access import Context, Owner, scoped
 from services.gateway.errors import ApiError, bad_request, documented
 from services.gateway.schemas import (
     Embedding,
@@ -62,7 +62,7 @@ def _probe_deadline() -> float:
 
 @router.post("/v1/embeddings", response_model=EmbeddingList, responses=documented(400, 401, 404, 413, 429, 503, 504),
              summary="Embed texts with the embedding service's model")
-async def embeddings(req: EmbeddingRequest, gw: Context, _: Caller):
+async def embeddings(req: EmbeddingRequest, gw: Context, _: Owner):
     model = await _embedding_model(gw)
     if model is None:
         raise ApiError(503, "unavailable_error", ErrorCode.UNAVAILABLE, "the embedding service is not running")
@@ -108,13 +108,13 @@ async def _models(gw) -> list[Model]:
 
 @router.get("/v1/models", response_model=ModelList, responses=documented(401, 429, 503, 504),
             summary="The models the services can serve now")
-async def list_models(gw: Context, _: Caller):
+async def list_models(gw: Context, _: Owner):
     return ModelList(data=await _models(gw))
 
 
 @router.get("/v1/models/{model}", response_model=Model, responses=documented(401, 404, 429, 503, 504),
             summary="One model")
-async def get_model(model: str, gw: Context, _: Caller):
+async def get_model(model: str, gw: Context, _: Owner):
     models = await _models(gw)
     for m in models:
         if m.id == model:
@@ -125,7 +125,7 @@ async def get_model(model: str, gw: Context, _: Caller):
 @router.post("/v1/feedback", response_model=FeedbackReceipt, responses=documented(400, 401, 413, 429, 503, 504),
              summary="Report how an agent run went (the optimizer's feedback; without API keys, "
                      "gateway.feedback_per_minute at most)")
-async def feedback(req: FeedbackRequest, gw: Context, owner: Caller):
+async def feedback(req: FeedbackRequest, gw: Context, owner: Owner):
     if not gw.auth_required() and not gw.keyless_feedback.take():
         raise ApiError(429, "rate_limit_error", ErrorCode.BUSY, "feedback without API keys is limited to "
                        f"{gw.config.gateway.feedback_per_minute} a minute (gateway.feedback_per_minute); "
@@ -156,6 +156,6 @@ async def health(gw: Context):
 @router.get("/metrics", response_class=Response, responses={
     200: {"content": {"text/plain": {"schema": {"type": "string"}}}, "description": "Prometheus text format"},
     **documented(401)}, summary="The gateway's Prometheus metrics")
-async def metrics(gw: Context, _: Caller):
+async def metrics(gw: Context, _: Owner):
     exposition = gw.metrics.exposition()
     return Response(exposition["text"], media_type=exposition["content_type"])

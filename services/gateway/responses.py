@@ -39,7 +39,7 @@ from starlette.requests import Request as HttpRequest
 
 from services.agent.context import Turn, turn_text
 from services.agent.loop import Conversation, Run, ServiceCall, Steering
-from services.gateway.access import Caller, Context, Gateway, PriorityHeader, owned, scoped, tenant
+from services.gateway.access import Context, Gateway, Owner, PriorityHeader, owned, scoped, wire_owner
 from services.gateway.disconnect import unless_disconnected
 from services.gateway.errors import ApiError, bad_request, documented, from_service_error
 from services.gateway.stored import Stored, StoredResponse
@@ -141,7 +141,7 @@ class AgentRun:
     async def _carry(self, req: ServiceCall) -> dict | ServiceError:
         """The reply to one of the loop's requests, or its failure for the loop to handle; before the first
         model step a failure is the HTTP request's own (``ApiError``)."""
-        body = (msgspec.structs.replace(req.body, owner=tenant(self.owner)) if isinstance(req.body, ChatRequest)
+        body = (msgspec.structs.replace(req.body, owner=wire_owner(self.owner)) if isinstance(req.body, ChatRequest)
                 else req.body)
         try:
             reply = await self.gw.upstreams.exchange(req.service, req.type, body, scoped(self.owner, req.session))
@@ -320,7 +320,7 @@ def install(app, gw: Gateway) -> None:
     200: {"description": "the run's response; with stream: true, server-sent events as OpenAI streams them "
                          "(each item added, its text or arguments, done), then the response"}, **documented(400, 401, 404, 413, 429, 503, 504)},
     summary="Run Magnitude's agent: configured tools run here, the caller's come back as function calls")
-async def responses(req: ResponseRequest, gw: Context, owner: Caller, http: HttpRequest,
+async def responses(req: ResponseRequest, gw: Context, owner: Owner, http: HttpRequest,
                     x_priority: PriorityHeader = None):
     runs: Runs = http.app.state.runs
     if req.priority is None and x_priority is not None:
@@ -357,14 +357,14 @@ async def responses(req: ResponseRequest, gw: Context, owner: Caller, http: Http
 
 @router.get("/v1/responses/{response_id}", response_model=Response, responses=documented(401, 404),
             summary="A kept response: a finished one (unless made with store: false), or one waiting for a call")
-async def get_response(response_id: str, owner: Caller, http: HttpRequest):
+async def get_response(response_id: str, owner: Owner, http: HttpRequest):
     waiting = http.app.state.runs.waiting_response(response_id, owner)
     return waiting if waiting is not None else http.app.state.stored.get(response_id, owner).response
 
 
 @router.delete("/v1/responses/{response_id}", response_model=ResponseDeleted, responses=documented(401, 404),
                summary="Forget a finished response (and, if it was its conversation's latest, the session's KV)")
-async def delete_response(response_id: str, owner: Caller, http: HttpRequest):
+async def delete_response(response_id: str, owner: Owner, http: HttpRequest):
     http.app.state.stored.delete(response_id, owner)
     return ResponseDeleted(id=response_id)
 
