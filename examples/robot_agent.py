@@ -86,7 +86,7 @@ async def run_task(number: int, task: str, inference: AsyncClient, agent: AsyncA
     print(f"done> {'success' if success else 'failure'}: {trace.answer if success else reason}", flush=True)
     ack = await optimizer.request("feedback", {"session_id": session, "success": success, "error_reason": reason,
                                                "details": {"task": task, "steps": len(trace.steps)}},
-                                  session=session, retry=retry)
+                                  session_id=session, retry=retry)
     log.info("feedback_stored", task=number, success=success, feedback_id=ack["id"])
 
 

@@ -32,9 +32,9 @@ def cmd_health(args, config) -> int:
     return print_statuses(launcher.health(config, args.service, args.timeout), args.json)
 
 
-def _stream_to_stdout(client: Client, prompt: str, session: str | None, **params) -> GenerateResult:
+def _stream_to_stdout(client: Client, prompt: str, session_id: str | None, **params) -> GenerateResult:
     result = None
-    for piece in client.generate_stream(prompt, session, **params):
+    for piece in client.generate_stream(prompt, session_id, **params):
         if isinstance(piece, GenerateResult):
             result = piece
         else:
@@ -45,10 +45,10 @@ def _stream_to_stdout(client: Client, prompt: str, session: str | None, **params
     return result
 
 
-def _stream_chat_to_stdout(client: Client, text: str, session: str | None, **params) -> dict:
+def _stream_chat_to_stdout(client: Client, text: str, session_id: str | None, **params) -> dict:
     """One user turn through the model's own chat template (``Client.chat_stream``); the final stats."""
     stats: dict = {}
-    for piece in client.chat_stream([{"role": "user", "content": text}], session, **params):
+    for piece in client.chat_stream([{"role": "user", "content": text}], session_id, **params):
         if isinstance(piece, ChatResult):
             stats = {"finish_reason": piece.finish_reason, **msgspec.structs.asdict(piece.stats)}
         elif isinstance(piece, str):

@@ -116,22 +116,22 @@ class Call:
     turns one into the next attempt's ``Restart`` or raises it when it is final.
     """
 
-    def __init__(self, endpoint: str, msg_type: str, body: dict | Wire | None, session: str | None,
+    def __init__(self, endpoint: str, msg_type: str, body: dict | Wire | None, session_id: str | None,
                  request_id: str | None, timeout_s: float, retry: Retry | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.endpoint, self.msg_type, self.timeout_s, self.policy, self.clock = (
             endpoint, msg_type, timeout_s, retry, clock)
         self.request_id = request_id or new_request_id()
-        self.frame = encode_request(msg_type, body, session=session, request_id=self.request_id)
+        self.frame = encode_request(msg_type, body, session=session_id, request_id=self.request_id)
         if (len(self.frame) > shm.INLINE_LIMIT_BYTES and isinstance(body, (GenerateRequest, ChatRequest))
                 and security.is_loopback(endpoint)):  # a peer on another box has no view of this one's /dev/shm
-            self.frame = encode_request(msg_type, spilled(body, session), session=session, request_id=self.request_id)
+            self.frame = encode_request(msg_type, spilled(body, session_id), session=session_id, request_id=self.request_id)
         self.started = clock()
         self.attempt = 1
         self.answering = False  # the current attempt has had a frame: the service is working on it
         self.done = False
         self.outstanding = False  # sent, and no final reply or error yet: the service may be working on it
-        self._session = session
+        self._session_id = session_id
         self._waiting_s = 0.0
         self._wait_until = 0.0
 
@@ -152,7 +152,7 @@ class Call:
         if not self.outstanding:
             return None
         self.outstanding = False
-        return encode_request("cancel", {"id": self.request_id}, session=self._session)
+        return encode_request("cancel", {"id": self.request_id}, session=self._session_id)
 
     def expect_frame(self) -> None:
         """The driver starts waiting for the next frame (``poll_ms`` counts down from here)."""
@@ -224,15 +224,15 @@ class Call:
         return restart
 
 
-def spilled(body: GenerateRequest | ChatRequest, session: str | None) -> GenerateRequest | ChatRequest:
+def spilled(body: GenerateRequest | ChatRequest, session_id: str | None) -> GenerateRequest | ChatRequest:
     """A body whose frame is over the inline limit, its bulk (the prompt, the messages) moved to shared memory
     as ``prompt_shm`` / ``messages_shm``: the frame, encoded once, said how big it is. Only for a peer on this
     box (ipc, loopback): to one across the network the frame goes whole, up to its ``max_frame_bytes``."""
     if isinstance(body, GenerateRequest) and body.prompt is not None:
-        return msgspec.structs.replace(body, prompt=None, prompt_shm=shm.put_bytes(body.prompt.encode(), session=session))
+        return msgspec.structs.replace(body, prompt=None, prompt_shm=shm.put_bytes(body.prompt.encode(), session_id=session_id))
     if isinstance(body, ChatRequest) and body.messages is not None:
         return msgspec.structs.replace(body, messages=None, messages_shm=shm.put_bytes(
-            msgspec.msgpack.encode(body.messages), session=session))
+            msgspec.msgpack.encode(body.messages), session_id=session_id))
     return body
 
 
@@ -297,9 +297,9 @@ class AsyncClient:
                  if security.needs_curve(config.runtime, endpoint) else None)
         return cls(endpoint, timeout_s=timeout_s, curve=curve)
 
-    def _call(self, msg_type: str, body: dict | Wire | None, session: str | None, request_id: str | None,
+    def _call(self, msg_type: str, body: dict | Wire | None, session_id: str | None, request_id: str | None,
               retry: Retry | None) -> Call:
-        return Call(self.endpoint, msg_type, body, session, request_id, self.timeout_s, retry)
+        return Call(self.endpoint, msg_type, body, session_id, request_id, self.timeout_s, retry)
 
     def _socket(self) -> zmq.asyncio.Socket:
         if self._sock is None:
@@ -375,7 +375,7 @@ class AsyncClient:
                 call.on_events(await self._events())
         raise call.timed_out()
 
-    async def stream(self, msg_type: str, body: dict | Wire | None = None, session: str | None = None,
+    async def stream(self, msg_type: str, body: dict | Wire | None = None, session_id: str | None = None,
                      request_id: str | None = None, retry: Retry | None = None
                      ) -> AsyncGenerator[Reply | Restart, None]:
         """Yield every reply frame (events, then the final one) of one request.
@@ -383,7 +383,7 @@ class AsyncClient:
         With ``retry``, a transient failure re-sends the request with the same id after a backoff,
         and a ``Restart`` is yielded first: frames of the failed attempt are to be discarded.
         """
-        call = self._call(msg_type, body, session, request_id, retry)
+        call = self._call(msg_type, body, session_id, request_id, retry)
         try:
             while True:
                 try:
@@ -399,14 +399,14 @@ class AsyncClient:
         finally:  # closed before its final reply (the task was cancelled, the caller stopped listening)
             self._cancel(call)
 
-    async def request(self, msg_type: str, body: dict | Wire | None = None, session: str | None = None,
+    async def request(self, msg_type: str, body: dict | Wire | None = None, session_id: str | None = None,
                       request_id: str | None = None, retry: Retry | None = None) -> dict:
         """Send one request and return the final body."""
-        return (await self._final(msg_type, body, session, request_id, retry)).body
+        return (await self._final(msg_type, body, session_id, request_id, retry)).body
 
-    async def _final(self, msg_type: str, body: dict | Wire | None, session: str | None, request_id: str | None,
+    async def _final(self, msg_type: str, body: dict | Wire | None, session_id: str | None, request_id: str | None,
                      retry: Retry | None) -> Reply:
-        async with aclosing(self.stream(msg_type, body, session, request_id, retry)) as items:
+        async with aclosing(self.stream(msg_type, body, session_id, request_id, retry)) as items:
             async for item in items:
                 if (final := _final(item)) is not None:
                     return final
@@ -530,15 +530,15 @@ class Client:
             elif self._loop is not None:
                 self._loop.run_until_complete(items.aclose())
 
-    def stream(self, msg_type: str, body: dict | Wire | None = None, session: str | None = None,
+    def stream(self, msg_type: str, body: dict | Wire | None = None, session_id: str | None = None,
                request_id: str | None = None, retry: Retry | None = None) -> Iterator[Reply | Restart]:
         """Yield every reply frame (events, then the final one) of one request: see ``AsyncClient.stream``."""
-        return self._iterate(self._async.stream(msg_type, body, session, request_id, retry))
+        return self._iterate(self._async.stream(msg_type, body, session_id, request_id, retry))
 
-    def request(self, msg_type: str, body: dict | Wire | None = None, session: str | None = None,
+    def request(self, msg_type: str, body: dict | Wire | None = None, session_id: str | None = None,
                 request_id: str | None = None, retry: Retry | None = None) -> dict:
         """Send one request and return the final body."""
-        return self._run(self._async.request(msg_type, body, session, request_id, retry))
+        return self._run(self._async.request(msg_type, body, session_id, request_id, retry))
 
     def health(self) -> dict:
         return self.request("health")

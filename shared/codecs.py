@@ -18,16 +18,16 @@ if TYPE_CHECKING:
     from shared.client import Client
 
 
-def put_array(array: np.ndarray, pool: shm.ShmPool | None = None, session: str | None = None) -> dict:
+def put_array(array: np.ndarray, pool: shm.ShmPool | None = None, session_id: str | None = None) -> dict:
     """Copy a numpy array into a new shm segment; the handle also carries dtype and shape."""
     array = np.ascontiguousarray(array)
-    handle = shm.put_bytes(array.tobytes(), pool, session)
+    handle = shm.put_bytes(array.tobytes(), pool, session_id)
     return {**handle, "kind": "array", "dtype": array.dtype.str, "shape": list(array.shape)}
 
 
-def take_array(handle: Any, session: str | None = None, max_bytes: int = shm.MAX_TAKE_BYTES) -> np.ndarray:
+def take_array(handle: Any, session_id: str | None = None, max_bytes: int = shm.MAX_TAKE_BYTES) -> np.ndarray:
     """Read an array segment of at most ``max_bytes`` (copied out) and unlink it."""
-    data = shm.take_bytes(handle, session, max_bytes)
+    data = shm.take_bytes(handle, session_id, max_bytes)
     try:
         dtype = np.dtype(handle["dtype"])
         shape = tuple(int(d) for d in handle["shape"])

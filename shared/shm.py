@@ -90,8 +90,8 @@ def _create(size: int) -> shared_memory.SharedMemory:
     return shm
 
 
-def _session_digest(session: str | None) -> bytes:
-    return hashlib.sha256((session or "").encode()).digest()
+def _session_digest(session_id: str | None) -> bytes:
+    return hashlib.sha256((session_id or "").encode()).digest()
 
 
 def _parse_handle(handle: Any) -> tuple[str, bytes]:
@@ -110,7 +110,7 @@ def _parse_handle(handle: Any) -> tuple[str, bytes]:
     return name, bytes.fromhex(key)
 
 
-def _open(handle: Any, session: str | None, max_bytes: int) -> tuple[shared_memory.SharedMemory, int]:
+def _open(handle: Any, session_id: str | None, max_bytes: int) -> tuple[shared_memory.SharedMemory, int]:
     """Open the segment a handle names if the handle's key and the caller's session match what its creator
     recorded and it holds at most ``max_bytes``; return it and its payload size."""
     name, key = _parse_handle(handle)
@@ -126,7 +126,7 @@ def _open(handle: Any, session: str | None, max_bytes: int) -> tuple[shared_memo
         magic, recorded_key, bound, digest, size = _HEADER.unpack_from(shm.buf)
         if magic != _MAGIC or not hmac.compare_digest(recorded_key, key):
             raise ProtocolError(ErrorCode.NOT_FOUND, f"shm handle does not match buffer {name} (forged or stale)")
-        if bound and not hmac.compare_digest(digest, _session_digest(session)):
+        if bound and not hmac.compare_digest(digest, _session_digest(session_id)):
             raise ProtocolError(ErrorCode.NOT_FOUND, "shm buffer belongs to another session")
         if size > shm.size - _HEADER.size or handle.get("size", size) != size:
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"shm buffer {name} is not the size its handle says")
@@ -140,11 +140,11 @@ def _open(handle: Any, session: str | None, max_bytes: int) -> tuple[shared_memo
     return shm, size
 
 
-def put_bytes(data: bytes, pool: "ShmPool | None" = None, session: str | None = None) -> dict:
+def put_bytes(data: bytes, pool: "ShmPool | None" = None, session_id: str | None = None) -> dict:
     """Copy ``data`` into a new segment and return its handle; with ``session``, only that session may take it."""
     key = secrets.token_bytes(16)
     shm = _create(_HEADER.size + len(data))
-    _HEADER.pack_into(shm.buf, 0, _MAGIC, key, session is not None, _session_digest(session), len(data))
+    _HEADER.pack_into(shm.buf, 0, _MAGIC, key, session_id is not None, _session_digest(session_id), len(data))
     shm.buf[_HEADER.size: _HEADER.size + len(data)] = data
     handle: dict[str, Any] = {"name": shm.name, "size": len(data), "kind": "bytes", "key": key.hex()}
     shm.close()
@@ -158,10 +158,10 @@ def _finish(shm: shared_memory.SharedMemory) -> None:
     unlink(shm.name)  # not shm.unlink(): that would also notify the resource tracker we left
 
 
-def take_bytes(handle: Any, session: str | None = None, max_bytes: int = MAX_TAKE_BYTES) -> bytes:
+def take_bytes(handle: Any, session_id: str | None = None, max_bytes: int = MAX_TAKE_BYTES) -> bytes:
     """Read a bytes segment of at most ``max_bytes`` and unlink it: a handle can be taken once, by its own
     session."""
-    shm, size = _open(handle, session, max_bytes)
+    shm, size = _open(handle, session_id, max_bytes)
     try:
         return bytes(shm.buf[_HEADER.size: _HEADER.size + size])
     finally:

@@ -99,7 +99,7 @@ def run_trace(client, task: str, session: str, max_steps: int) -> list[dict]:
     steps = []
     for _ in range(max_steps):
         reply = client.request("chat", {"messages": messages, "tools": TOOLS, "max_tokens": 400,
-                                        "temperature": 0}, session=session)
+                                        "temperature": 0}, session_id=session)
         steps.append(reply["stats"])
         messages.append(reply["message"])
         if not reply["message"]["tool_calls"]:
@@ -111,7 +111,7 @@ def run_trace(client, task: str, session: str, max_steps: int) -> list[dict]:
                 args = {}
             messages.append({"role": "tool", "tool_call_id": call["id"],
                              "content": call.get("error") or run_tool(call["function"]["name"], args)})
-    client.request("session.drop", session=session)
+    client.request("session.drop", session_id=session)
     return steps
 
 

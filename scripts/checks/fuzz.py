@@ -235,7 +235,7 @@ def shm_input(fdp: atheris.FuzzedDataProvider) -> None:
     """A segment of fuzzed bytes, or a real one, taken with a fuzzed handle."""
     session = fdp.PickValueInList([None, "a", "b"])
     if fdp.ConsumeBool():
-        handle = shm.put_bytes(fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 512)), session=session)
+        handle = shm.put_bytes(fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 512)), session_id=session)
         name = handle["name"]
     else:
         raw = fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 600))

@@ -240,11 +240,11 @@ def drop_session(gw: Gateway, owner: str | None, session_id: str) -> None:
     task.add_done_callback(_DROPS.discard)
 
 
-async def _drop(gw: Gateway, owner: str | None, session: str) -> None:
+async def _drop(gw: Gateway, owner: str | None, session_id: str) -> None:
     try:
-        await gw.upstreams.exchange("inference", "session.drop", owned({}, owner), session)
+        await gw.upstreams.exchange("inference", "session.drop", owned({}, owner), session_id)
     except (ServiceError, TimeoutError) as err:
-        gw.log.warning("agent_session_not_dropped", session=session_ref(session), error=str(err))
+        gw.log.warning("agent_session_not_dropped", session=session_ref(session_id), error=str(err))
 
 
 class Runs:

@@ -49,25 +49,25 @@ class Upstreams:
             else:
                 client.close()
 
-    async def request(self, service: str, msg_type: str, body: dict | Wire | None = None, session: str | None = None,
+    async def request(self, service: str, msg_type: str, body: dict | Wire | None = None, session_id: str | None = None,
                       deadline: float | None = None) -> dict:
         """One request's final body; mesh errors and the deadline become ``ApiError``s."""
         with mapped_errors(msg_type):
-            return await self.exchange(service, msg_type, body, session, deadline)
+            return await self.exchange(service, msg_type, body, session_id, deadline)
 
-    async def exchange(self, service: str, msg_type: str, body: dict | Wire | None = None, session: str | None = None,
+    async def exchange(self, service: str, msg_type: str, body: dict | Wire | None = None, session_id: str | None = None,
                        deadline: float | None = None) -> dict:
         """One request's final body; a ``ServiceError`` or ``TimeoutError`` as raised (the agent loop takes them)."""
         deadline = deadline if deadline is not None else self.deadline()
         async with self.client(service) as client, asyncio.timeout_at(deadline):
-            return await client.request(msg_type, body, session)
+            return await client.request(msg_type, body, session_id)
 
-    async def stream(self, service: str, msg_type: str, body: dict | Wire, session: str | None,
+    async def stream(self, service: str, msg_type: str, body: dict | Wire, session_id: str | None,
                      deadline: float) -> AsyncGenerator[Reply, None]:
         """Every reply frame of one streaming request (events, then the final one), each within the deadline."""
         with mapped_errors(msg_type):
             async with self.client(service) as client:
-                frames = client.stream(msg_type, body, session)
+                frames = client.stream(msg_type, body, session_id)
                 try:
                     while True:
                         async with asyncio.timeout_at(deadline):

@@ -44,13 +44,13 @@ class SessionStore:
         root.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._evict(keep=None)
 
-    def path(self, session: str) -> Path:
-        return self.root / (hashlib.sha256(f"{self._key}\0{session}".encode()).hexdigest()[:40] + ".kv")
+    def path(self, session_id: str) -> Path:
+        return self.root / (hashlib.sha256(f"{self._key}\0{session_id}".encode()).hexdigest()[:40] + ".kv")
 
-    def has(self, session: str) -> bool:
-        return self.path(session).is_file()
+    def has(self, session_id: str) -> bool:
+        return self.path(session_id).is_file()
 
-    def save(self, session: str, tokens: list[int], state: bytes) -> bool:
+    def save(self, session_id: str, tokens: list[int], state: bytes) -> bool:
         """Write one session's KV (replacing an older file); False when it alone is over the budget."""
         packed = array.array("i", tokens).tobytes()
         header = json.dumps({"fingerprint": self.fingerprint, "n_tokens": len(tokens), "state_bytes": len(state),
@@ -58,7 +58,7 @@ class SessionStore:
         size = len(MAGIC) + _LENGTH.size + len(header) + len(packed) + len(state)
         if size > self.budget_bytes:
             return False
-        path = self.path(session)
+        path = self.path(session_id)
         tmp = path.with_suffix(f"{_TMP}{os.getpid()}")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as f:
@@ -71,9 +71,9 @@ class SessionStore:
         self._evict(keep=path)
         return True
 
-    def load(self, session: str) -> tuple[list[int], bytes] | None:
+    def load(self, session_id: str) -> tuple[list[int], bytes] | None:
         """The session's tokens and KV state, or None (no file; a mismatched or damaged one is deleted)."""
-        path = self.path(session)
+        path = self.path(session_id)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
@@ -109,9 +109,9 @@ class SessionStore:
             raise ValueError("checksum mismatch")
         return array.array("i", packed).tolist(), state
 
-    def drop(self, session: str) -> bool:
+    def drop(self, session_id: str) -> bool:
         try:
-            self.path(session).unlink()
+            self.path(session_id).unlink()
             return True
         except FileNotFoundError:
             return False

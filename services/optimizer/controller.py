@@ -94,9 +94,9 @@ class Tuner:
                     "relief_level": self.relief.level, "processes": dict(self._processes),
                     "by_priority": self.classes.figures()}
 
-    def advice(self, session: str) -> dict:
+    def advice(self, session_id: str) -> dict:
         with self._lock:
-            return self.speeds.advice(session)
+            return self.speeds.advice(session_id)
 
     def save(self) -> None:
         with self._lock:

@@ -76,18 +76,18 @@ class SessionSpeeds:
         self.compress_below = compress_below
         self._speeds: OrderedDict[str, tuple[float, float]] = OrderedDict()  # session -> (first, latest)
 
-    def add(self, session: str | None, completion_tokens: int, decode_tps: float | None) -> None:
-        if not session or not decode_tps or completion_tokens < self.MIN_TOKENS:
+    def add(self, session_id: str | None, completion_tokens: int, decode_tps: float | None) -> None:
+        if not session_id or not decode_tps or completion_tokens < self.MIN_TOKENS:
             return
-        first = self._speeds.pop(session, (decode_tps, decode_tps))[0]
-        self._speeds[session] = (first, decode_tps)
+        first = self._speeds.pop(session_id, (decode_tps, decode_tps))[0]
+        self._speeds[session_id] = (first, decode_tps)
         while len(self._speeds) > self.MAX_SESSIONS:
             self._speeds.popitem(last=False)
 
-    def advice(self, session: str) -> dict:
-        if session not in self._speeds:
+    def advice(self, session_id: str) -> dict:
+        if session_id not in self._speeds:
             return {"compress": False, "start_tps": None, "last_tps": None, "ratio": None}
-        first, last = self._speeds[session]
+        first, last = self._speeds[session_id]
         ratio = last / first
         return {"compress": ratio < self.compress_below, "start_tps": round(first, 2), "last_tps": round(last, 2),
                 "ratio": round(ratio, 3)}

@@ -67,9 +67,9 @@ def test_pool_reaps_untaken_segments():
 
 
 def test_handle_of_another_session_is_refused_and_kept_for_its_owner():
-    handle = shm.put_bytes(b"session A's tool output", session="A")
+    handle = shm.put_bytes(b"session A's tool output", session_id="A")
     for other in ("B", None):
         with pytest.raises(ProtocolError) as info:
-            shm.take_bytes(handle, session=other)
+            shm.take_bytes(handle, session_id=other)
         assert info.value.code == ErrorCode.NOT_FOUND and "another session" in info.value.message
-    assert shm.take_bytes(handle, session="A") == b"session A's tool output"
+    assert shm.take_bytes(handle, session_id="A") == b"session A's tool output"

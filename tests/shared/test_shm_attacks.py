@@ -22,7 +22,7 @@ pytestmark = pytest.mark.security
 def test_a_forged_shm_handle_is_refused(inference_service):
     owner_session, intruder = f"owner-{uuid.uuid4().hex}", f"intruder-{uuid.uuid4().hex}"
     secret = b"session A's plan: the spare key is under the blue bowl"
-    handle = shm.put_bytes(secret, session=owner_session)
+    handle = shm.put_bytes(secret, session_id=owner_session)
     with Client(inference_service.endpoint, timeout_s=60) as client:
         # What an intruder can learn from /dev/shm is the name; it forges the rest.
         assert handle["name"] in shm.list_segments()
@@ -31,10 +31,10 @@ def test_a_forged_shm_handle_is_refused(inference_service):
                      {**handle, "session": intruder}]  # even the real key, claimed by another session
         for forged in forgeries:
             with pytest.raises(ServiceError) as info:
-                client.request("generate", {"prompt_shm": forged, "max_tokens": 1}, session=intruder)
+                client.request("generate", {"prompt_shm": forged, "max_tokens": 1}, session_id=intruder)
             assert info.value.code in ("not_found", "bad_request"), forged
             assert handle["name"] in shm.list_segments()  # refused, and left for its owner
-    assert shm.take_bytes(handle, session=owner_session) == secret
+    assert shm.take_bytes(handle, session_id=owner_session) == secret
 
 
 def test_planted_shm_files_cannot_stop_a_service_from_starting(tmp_path):
@@ -76,11 +76,11 @@ def test_an_oversized_shm_segment_is_refused_before_it_is_read():
 @pytest.mark.model
 def test_an_oversized_prompt_shm_fails_only_its_request(inference_service):
     """Finding 5: on main a prompt_shm of any size was read and tokenized before the context check."""
-    handle = shm.put_bytes(b"word " * ((16 << 20) // 5), session="big")
+    handle = shm.put_bytes(b"word " * ((16 << 20) // 5), session_id="big")
     with Client(inference_service.endpoint, timeout_s=60) as client:
         started = time.monotonic()
         with pytest.raises(ServiceError) as info:
-            client.request("generate", {"prompt_shm": handle, "max_tokens": 1}, session="big")
+            client.request("generate", {"prompt_shm": handle, "max_tokens": 1}, session_id="big")
         assert info.value.code == "too_large", info.value
         assert time.monotonic() - started < 5
         assert handle["name"] not in shm.list_segments()

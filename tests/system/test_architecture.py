@@ -140,8 +140,8 @@ def test_the_scheduler_thread_never_runs_service_code(tmp_path, monkeypatch):
             next(stream)
             stream.close()  # cancels it, mid-generation
             assert client.request("engine.configure", {"settings": {"spec_draft_tokens": 0}})["settings"]
-            assert client.request("sessions", session="s1") is not None
-            assert client.request("session.drop", session="s1")["dropped"]
+            assert client.request("sessions", session_id="s1") is not None
+            assert client.request("session.drop", session_id="s1")["dropped"]
             assert client.request("model.list")["default"]
     finally:
         inference.stop()

@@ -541,10 +541,10 @@ class Recorder:
     def __init__(self, client: AsyncClient, msg_type: str):
         self.client, self.msg_type, self.bodies = client, msg_type, []
 
-    async def request(self, msg_type, body=None, session=None, **kw):
+    async def request(self, msg_type, body=None, session_id=None, **kw):
         if msg_type == self.msg_type:
             self.bodies.append(body)
-        return await self.client.request(msg_type, body, session, **kw)
+        return await self.client.request(msg_type, body, session_id, **kw)
 
     def close(self):
         self.client.close()

@@ -201,7 +201,7 @@ class _Recorded(Upstreams):
         super().__init__(config)
         self.sent: list[tuple[str, dict]] = []
 
-    async def exchange(self, service, msg_type, body=None, session=None, deadline=None):
+    async def exchange(self, service, msg_type, body=None, session_id=None, deadline=None):
         self.sent.append((msg_type, body or {}))
         if msg_type not in self.REPLIES:
             raise ServiceError("unavailable", f"{service} is not running here")
@@ -298,12 +298,12 @@ class _TwoCalls(_Recorded):
                       ({"role": "assistant", "content": "The kitchen has 21.5 °C and the hall 19 °C."}, "stop")]
         self.prompts: list[list[dict]] = []  # each step's messages
 
-    async def exchange(self, service, msg_type, body=None, session=None, deadline=None):
+    async def exchange(self, service, msg_type, body=None, session_id=None, deadline=None):
         if msg_type == "chat" and body.response_format is None:  # a step (not one of the policy's questions)
             self.prompts.append(msgspec.to_builtins(body)["messages"])
             message, finish = self.steps.pop(0)
             return {"stats": FINAL_STATS, "finish_reason": finish, "message": message}
-        return await super().exchange(service, msg_type, body, session, deadline)
+        return await super().exchange(service, msg_type, body, session_id, deadline)
 
 
 def test_a_step_with_two_calls_of_the_callers_tools_hands_both_out_and_resumes_on_both_outputs(tmp_path):

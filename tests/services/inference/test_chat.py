@@ -121,7 +121,7 @@ def test_session_reuse_never_changes_a_reply(chat_client):
     for i, new in enumerate(turns):
         messages += new
         body = {"messages": messages, "tools": TOOLS, "max_tokens": 48, "temperature": 0}
-        reused = chat_client.request("chat", body, session=session)
+        reused = chat_client.request("chat", body, session_id=session)
         cold = chat_client.request("chat", {**body, "cache_prompt": False})
         assert reused["message"]["content"] == cold["message"]["content"], i
         assert [(c["function"]["name"], c["function"]["arguments"]) for c in reused["message"]["tool_calls"]] == \

@@ -56,7 +56,7 @@ def test_interleaved_sessions_beyond_slots_are_parked_and_restored(client):
         assert again.stats.cached_tokens >= first[name].stats.prompt_tokens
         cold = client.generate(follow, None, max_tokens=12, temperature=0, cache_prompt=False)
         assert again.text == cold.text
-    overview = client.request("sessions", session="ia")
+    overview = client.request("sessions", session_id="ia")
     assert overview["parked"] >= 1 and overview["session"]["where"] in ("resident", "parked")
     assert "ib" not in str(overview)  # other sessions' ids are not disclosed
 
@@ -92,16 +92,16 @@ def test_large_prompt_travels_through_shm(client):
 
 def test_prompt_shm_of_another_session_is_refused(client):
     from shared import shm
-    handle = shm.put_bytes(b"secret plan of session A", session="owner-a")
+    handle = shm.put_bytes(b"secret plan of session A", session_id="owner-a")
     with pytest.raises(ServiceError) as info:
-        client.request("generate", {"prompt_shm": handle, "max_tokens": 1}, session="intruder-b")
+        client.request("generate", {"prompt_shm": handle, "max_tokens": 1}, session_id="intruder-b")
     assert info.value.code == "not_found" and "another session" in info.value.message
-    assert shm.take_bytes(handle, session="owner-a") == b"secret plan of session A"
+    assert shm.take_bytes(handle, session_id="owner-a") == b"secret plan of session A"
 
 
 def test_session_drop(client):
     client.generate("Hello", "drop-me", max_tokens=2)
-    assert client.request("session.drop", session="drop-me")["dropped"] is True
+    assert client.request("session.drop", session_id="drop-me")["dropped"] is True
     assert client.generate("Hello", "drop-me", max_tokens=2).stats.kv_source == "cold"
 
 

@@ -140,14 +140,14 @@ def test_a_session_survives_a_graceful_restart(tmp_path_factory):
     try:
         with Client(svc.endpoint, timeout_s=120) as c:
             first = {s: c.generate(gemma_prompt(t), s, max_tokens=16, temperature=0) for s, t in turns.items()}
-            assert c.request("sessions", session="ra")["session"]["where"] == "parked"
+            assert c.request("sessions", session_id="ra")["session"]["where"] == "parked"
     finally:
         svc.stop()  # SIGTERM: drains, then writes every session's KV under DATA_DIR/sessions
     assert len(list((home / "data" / "sessions").glob("*.kv"))) == 3
     svc = ServiceProcess("inference", path, config).start()
     try:
         with Client(svc.endpoint, timeout_s=120) as c:
-            assert c.request("sessions", session="rb")["session"]["where"] == "disk"
+            assert c.request("sessions", session_id="rb")["session"]["where"] == "disk"
             for s, t in turns.items():
                 prompt = gemma_prompt(t + [("model", first[s].text), ("user", "Which one is the largest?")])
                 again = c.generate(prompt, s, max_tokens=16, temperature=0)

@@ -48,7 +48,7 @@ def make_stack(home: Path, **optimizer):
 
 def ask(svc: ServiceProcess, msg_type: str, body: dict | None = None, session: str | None = None) -> dict:
     with Client(svc.endpoint, timeout_s=10) as c:
-        return c.request(msg_type, body, session=session)
+        return c.request(msg_type, body, session_id=session)
 
 
 def generation(settings: dict, settings_id: str, session: str = "s1", decode_tps: float | None = None) -> dict:
