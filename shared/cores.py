@@ -10,20 +10,9 @@ every graph node (hundreds per token). How a thread waits there decides the spee
 
 So the services spin long enough for the barriers inside a decode, and never compute at the same time: each
 llama.cpp computation (a ``llama_decode`` of inference, an embedding batch) holds the ``CoreLease``, a file
-lock in the stack's run directory (shared by every container of the compose stack). Measured here with
-the 1.5B chat model on 2 cores, decode tok/s (``scripts/bench/core_sharing.py``, docs/benchmarks.md):
-
-=======================================  =====  ===============================  ======================
-wait policy                              alone  beside an embedding process      two decoding processes
-=======================================  =====  ===============================  ======================
-PASSIVE + 1000 spins, no lease           15.4   8.4 (embedding 20 batches/s)     8.7 + 8.3
-PASSIVE + 30000 spins, no lease          16.2   2.5 (embedding 5 batches/s)      2.4 + 2.4
-PASSIVE + 30000 spins, lease (shipped)   16.1   11.2 (embedding 11 batches/s)    7.3 + 7.2
-=======================================  =====  ===============================  ======================
-
-(libgomp's default spin, about 10x longer, ran two Gemma 270M processes at 0.8 tok/s each.) The last column
-is what taking turns costs where two computations could overlap; the stack itself runs one decoding process,
-which puts every session in one batch.
+lock in the stack's run directory (shared by every container of the compose stack). The figures behind the
+choice (a decode beside an embedding process, two decoding processes, under each wait policy) are in
+docs/benchmarks.md, "Sharing the cores" (``scripts/bench/core_sharing.py``).
 
 A computation waits for the lease at most ``runtime.core_lease_wait_s`` (30 s; one decode step or embedding
 batch holds it for seconds at most), logging the holder's pid every 5 s, then raises ``LeaseTimeout``: a

@@ -49,7 +49,7 @@ _COMMON_WORDS = frozenset("what which that this have does with from they them th
                           "should could into about your mine memories memory file files says said tells where "
                           "read".split())
 _HOW_MANY = re.compile(r"\bhow many\b", re.IGNORECASE)
-#: A goal's figure written as a word ("twice a week": the 1.5B added the plants' amounts and stopped).
+#: A goal's figure written as a word ("twice a week": the default model added the plants' amounts and stopped).
 _TIMES = {"twice": 2, "double": 2, "thrice": 3, "triple": 3}
 _TIMES_WORD = re.compile(rf"\b(?:{'|'.join(_TIMES)})\b", re.IGNORECASE)
 #: A reply that writes code (a fenced block), and a goal that asks for code.
@@ -96,7 +96,7 @@ def _unit(spelled: str) -> tuple[str, str] | None:
 
 def conversion(source: str, target: str) -> str:
     """How to convert a figure from one unit to another of the same kind, in words: "hours to minutes: multiply
-    by 60" (the 1.5B, told to convert 2 hours and 40 minutes, computed 2 * 40)."""
+    by 60" (the default model, told to convert 2 hours and 40 minutes, computed 2 * 40)."""
     if (source, target) in _TEMPERATURE:
         how = _TEMPERATURE[source, target]
     else:
@@ -188,7 +188,7 @@ class EnglishRules:
 
     def omits_result(self, answer: str) -> str | None:
         """The computing tool's last result, when the goal asks for a computed figure and ``answer`` gives only
-        figures the goal, memories or other tools gave (the 1.5B computed 1840 * 12, then answered "The monthly
+        figures the goal, memories or other tools gave (the default model computed 1840 * 12, then answered "The monthly
         rent is 1840 euros.")."""
         results = [r for tool, _, r in self.facts if tool == self.compute_tool]
         if not results or not _COMPUTE.search(self.goal) or not (numbers := [v for _, v in _values(answer)]):
@@ -209,13 +209,13 @@ class EnglishRules:
 
     def counting(self) -> bool:
         """The goal asks how many things (not how many of a unit), and a result lists several lines: the answer
-        is a count of them, which the calculator cannot make (the 1.5B wrote ``count(packing.txt)`` for it)."""
+        is a count of them, which the calculator cannot make (the default model wrote ``count(packing.txt)`` for it)."""
         return bool(_HOW_MANY.search(self.goal)) and not self.asked_unit() and \
             any(len(lines(r)) > 1 for _, _, r in self.facts)
 
     def unused_figures(self) -> list[str]:
         """Figures of the goal that no calculation used, once the computing tool has run ("for 4 people ... for
-        10": the 1.5B computed 250 * 10)."""
+        10": the default model computed 250 * 10)."""
         expressions = [expression(a) for tool, a, _ in self.facts if tool == self.compute_tool]
         if not expressions:
             return []
@@ -243,7 +243,7 @@ class EnglishRules:
             want = self.asked_unit()[1]
             reasons.append(f"the task asks for {want}, not {', '.join(wrong)}; convert with a tool ("
                            + "; ".join(conversion(unit, want) for unit in wrong) + ")")
-        if _CODE_BLOCK.search(answer) and not _ASKS_FOR_CODE.search(self.goal):  # the 1.5B's plan for a count
+        if _CODE_BLOCK.search(answer) and not _ASKS_FOR_CODE.search(self.goal):  # the default model's plan for a count
             reasons.append("it writes code instead of answering; the tools do not run it")
         if self.echoes_goal(answer):
             reasons.append("it repeats the task instead of answering it")
@@ -258,7 +258,7 @@ class EnglishRules:
         return reasons
 
     def related_memories(self) -> list[str]:
-        """The recalled memories that share a word with the goal: restated in the note, since the 1.5B asked
+        """The recalled memories that share a word with the goal: restated in the note, since the default model asked
         again for a price it had been given, and answered from an unrelated memory when all were restated."""
         goal = _content_words(self.goal)
         return [m for m in self.memories if goal & _content_words(m)]

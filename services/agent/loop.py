@@ -49,7 +49,7 @@ SYSTEM_PROMPT = ("You are an assistant that completes the user's task. Call a to
                  "it does; otherwise answer directly from what you know. Once the tool results give you what "
                  "you need, reply with the answer in one short sentence and call no more tools.")
 #: (The answer's language is said in the working-memory note, not here: ", in the language of the task," in this
-#: prompt made the 1.5B write a conversion's formula instead of calling the calculator.)
+#: prompt made the default model write a conversion's formula instead of calling the calculator.)
 #: After tool results, below the working memory (the task, what the tools gave, what is still missing): small
 #: models otherwise go on calling tools after they have what they need, or answer with an intermediate result.
 _NEXT = ("{note}\nIf a step of the task is still missing (arithmetic: never in your head; another file or "
@@ -58,7 +58,7 @@ _NEXT = ("{note}\nIf a step of the task is still missing (arithmetic: never in y
 _NOT_YET = "{note}\nYour last reply did not answer the task yet: {reasons}. {then}"
 #: When a run must answer (its last step, or after repeated calls) and its tools found something: a prompt of
 #: the working memory alone, without tools, so no call can be written (under ``tool_choice: "none"`` with the
-#: tools and the history of calls still in the prompt, the 1.5B wrote the next call as JSON text instead).
+#: tools and the history of calls still in the prompt, the default model wrote the next call as JSON text instead).
 _ANSWER_SYSTEM = "You answer a task from what was found for it, in one short sentence."
 _ANSWER_NOW = "{note}\nAnswer the task now from what was found, in one short sentence."
 #: A repeated call's result, the first time: small models repeat a lookup instead of taking the next step.

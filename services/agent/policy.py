@@ -128,7 +128,7 @@ class StepPolicy:
         english, memory = self.english, self.memory
         counting = bool(english and english.counting())
         extra = []
-        if counting:  # the 1.5B otherwise writes Python for the calculator: sum(1 for line in ...)
+        if counting:  # else a small model writes Python for the calculator: sum(1 for line in ...)
             extra.append("Count with the numbered lines above; the calculator cannot count.")
         note = memory.note(english.related_memories() if english else memory.memories, self.to_read(""),
                            numbered=counting, extra=extra)
@@ -165,7 +165,7 @@ class StepPolicy:
 
     def answer_now(self) -> bool:
         """After a step's tool results: whether the next step must answer (what to count is read, so the count
-        is read off the note's numbered lines; the 1.5B wrote Python for the calculator instead)."""
+        is read off the note's numbered lines; a small model writes Python for the calculator instead)."""
         return bool(self.english and self.english.counting()) and not self.to_read("")
 
     def review(self, answer: str) -> Generator[AskModel, Any, Verdict]:
@@ -197,7 +197,7 @@ class StepPolicy:
         if not expression or not any(op in expression.lstrip("-") for op in "+-*/"):
             return None
         if figures.unbacked(expression, self._sources()):  # arithmetic over figures it did not find: not the facts'
-            return None  # (for a lookup whose answer is text, the 1.5B wrote a sum of figures it made up)
+            return None  # (for a lookup whose answer is text, a small model sums figures it made up)
         try:
             value = evaluate(expression)
         except (SyntaxError, ValueError, ArithmeticError, TypeError):

@@ -1,7 +1,7 @@
 """The agent's step policy for chat-completions tool loops: ``model: "<name>:agent"`` or ``X-Agent-Policy: on``.
 
 Most agent frameworks run their own tool loop over ``/v1/chat/completions``: each request carries the whole
-history and gets one assistant turn back. Given the raw model, the 1.5B repeats calls, calls tools it does not
+history and gets one assistant turn back. Given the raw model, a small model repeats calls, calls tools it does not
 need and ends with an empty or runaway message. Opted in, a request is answered by the agent loop
 (``services.agent.loop.Run``) with the step policy ``/v1/responses`` uses: the history becomes the loop's
 conversation (read as a re-sent ``/v1/responses`` item list is), the request's tools its caller tools, and the
