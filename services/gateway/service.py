@@ -83,7 +83,7 @@ class GatewayService(Runtime):
     def __init__(self, config: Config, endpoint: str | None = None):
         super().__init__(config)
         # Only health, metrics and cancel: every gateway request arrives over HTTP.
-        self.router = ZmqRouter(self, endpoint or config.runtime.endpoint(self.name), handled=lambda: ())
+        router = ZmqRouter(self, endpoint or config.runtime.endpoint(self.name), handled=lambda: ())
         cfg = config.gateway
         loopback = is_loopback(f"tcp://{_url_host(cfg.host)}:{cfg.port}")
         keys = self._first_start_keys(config, loopback)
@@ -102,7 +102,7 @@ class GatewayService(Runtime):
             timeout_graceful_shutdown=config.runtime.drain_timeout_s,  # type: ignore[arg-type]
             lifespan="on"))
         self.http = HttpServer(server, http_socket, in_flight=lambda: self._http_in_flight)
-        self.transports += [self.router, self.http]
+        self.transports += [router, self.http]
 
     def _first_start_keys(self, config: Config, loopback: bool) -> ApiKeys:
         """The API keys, made now on a loopback first start unless keyless loopback is the explicit choice

@@ -51,7 +51,8 @@ class Transport:
         return []
 
     def poll(self, timeout_s: float) -> None:
-        """Serve what has arrived, waiting up to ``timeout_s``; called on the runtime's own thread."""
+        """Serve what has arrived, waiting up to ``timeout_s``, on the runtime's own thread. A transport served
+        on a thread of its own returns at once: another's wait (the ZeroMQ router's) paces the loop."""
 
     def stop(self) -> None:
         """Stop intake (called from the signal handler): what arrives from now on is refused."""
@@ -98,7 +99,7 @@ class Runtime:
         """A watched thread silent for longer than this is stuck (a service whose jobs may run longer raises it)."""
         return self.config.runtime.worker_stall_s
 
-    def threads(self) -> list[Callable[[], None]]:
+    def watched_loops(self) -> list[Callable[[], None]]:
         """What the watched threads run: the transports' loops (a service with workers adds its worker loops)."""
         return [loop for t in self.transports for loop in t.loops()]
 
@@ -178,7 +179,7 @@ class Runtime:
             opened.update(transport.open())
         self._serve_metrics()
         self._threads = [threading.Thread(target=self._watched, args=(loop,), name=f"{self.name}-worker-{i}",
-                                          daemon=True) for i, loop in enumerate(self.threads())]
+                                          daemon=True) for i, loop in enumerate(self.watched_loops())]
         for thread in self._threads:
             thread.start()
         self.telemetry.start()

@@ -31,19 +31,15 @@ class Service(Runtime):
                                 handled=lambda: self._handlers.keys() | self.scheduled)
         self.transports.append(self.router)
 
-    @property
-    def endpoint(self) -> str:
-        return self.router.endpoint
-
     def handle(self, msg_type: str, handler: Handler) -> None:
         if msg_type not in MESSAGES:
             raise ValueError(f"{msg_type!r} is not declared in shared.protocol.MESSAGES")
         self._handlers[msg_type] = handler
 
     # --- the worker threads -------------------------------------------------------------------
-    def threads(self) -> list[Callable[[], None]]:
+    def watched_loops(self) -> list[Callable[[], None]]:
         """The worker loops first, each answering through a sink of its own."""
-        return [self.router.with_sink(loop) for loop in self.worker_loops()] + super().threads()
+        return [self.router.with_sink(loop) for loop in self.worker_loops()] + super().watched_loops()
 
     def worker_loops(self) -> list[Callable[[Sink], None]]:
         """What each worker thread runs: ``worker_threads`` copies of ``work_loop``."""
