@@ -1,1 +1,1 @@
-"""Code every Magnitude process shares: wire protocol, shm buffers, config, logging, service loop."""
+"""Code every Magnitude process shares: wire protocol, shm buffers, config, logging, the process runtime."""

@@ -2,13 +2,13 @@
 
 Every service owns one ``ServiceMetrics`` (its own ``CollectorRegistry``, not
 prometheus_client's global one, so nothing imported by accident shows up and
-tests can hold several). The service loop records each final reply with
+tests can hold several). The runtime records each final reply with
 ``observe_request``; the inference service adds each finished generation with
 ``observe_generation``. Queue depth, running jobs and uptime are read at scrape
 time through callbacks, so the loop never pays for them.
 
 The figures leave the process two ways: an HTTP server (``serve_http``; a
-port in use is logged, not fatal) and ``exposition()``, which the service loop
+port in use is logged, not fatal) and ``exposition()``, which the ZeroMQ router
 returns for the ``metrics`` protocol message. The HTTP server answers only
 requests whose Host header names this box (loopback's names, ``metrics.host``,
 ``metrics.allowed_hosts``), as the gateway does: a web page that re-points its

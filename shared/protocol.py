@@ -509,7 +509,7 @@ MESSAGES: dict[str, MessageSpec] = {
         doc="For the session in the envelope: 'compress' true once its decode speed fell below "
             "optimizer.compress_below of its start.",
     ),
-    # --- operations: every service's figures, answered by the service loop like health ------
+    # --- operations: every service's figures, answered by the ZeroMQ router like health ------
     "metrics": MessageSpec("*", doc="The service's Prometheus metrics: 'text' (text exposition format) and "
                                     "'content_type'."),
     # --- the watchdog: supervision of the other services -----------------------------------

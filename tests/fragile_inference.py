@@ -17,15 +17,15 @@ class WorkerDied(BaseException):
 
 
 class FragileInference(InferenceService):
-    def serve(self, job, out):
+    def serve(self, job, sink):
         if getattr(job.request.message, "prompt", None) == DIE:
             return self.handover.put(job)  # to the scheduler's thread as it is: run_job below fails there
-        super().serve(job, out)
+        super().serve(job, sink)
 
-    def run_job(self, job, out):
+    def run_job(self, job, sink):
         if getattr(job.request.message, "prompt", None) == DIE:
             raise WorkerDied("injected: the scheduler loop itself failed")
-        super().run_job(job, out)
+        super().run_job(job, sink)
 
 
 if __name__ == "__main__":

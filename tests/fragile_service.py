@@ -5,10 +5,8 @@ Run: ``python -m tests.fragile_service --config F``.
 
 from __future__ import annotations
 
-import zmq
-
 from services.runner import run_service
-from shared.service import Service
+from shared.service import Service, Sink
 
 
 class WorkerDied(Exception):
@@ -22,9 +20,9 @@ class FragileService(Service):
         super().__init__(config, endpoint)
         self.handle("tool.list", lambda req, emit: {"tools": []})
 
-    def work_loop(self, out: zmq.Socket) -> None:
+    def work_loop(self, sink: Sink) -> None:
         while True:
-            job = self.workers.next_job(0.2, out)
+            job = self.workers.next_job(0.2, sink)
             if job is not None and job.request.type == "tool.list":
                 raise WorkerDied("injected: the worker loop itself failed")
             if job is None and self.idle_and_stopping():

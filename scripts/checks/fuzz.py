@@ -176,7 +176,7 @@ class Services:
         self.retrieval._embed = lambda texts: FakeEmbedder().embed(texts)[0]
         self.tools = ToolService(config)
         self.optimizer = OptimizerService(config)
-        self.http = TestClient(GatewayService(config).server.config.app)
+        self.http = TestClient(GatewayService(config).http.server.config.app)
         self.by_name = {s.name: s for s in (self.inference, self.embedding, self.retrieval, self.tools,
                                              self.optimizer)}
 

@@ -2,7 +2,7 @@
 
 Three kinds of work, on three kinds of thread, like llama.cpp's server (HTTP threads prepare, one loop decodes):
 
-* the service loop (``shared/service/``) receives frames, answers ``health``, ``metrics`` and ``cancel``;
+* the runtime's thread (``shared/service/``) receives frames, answers ``health``, ``metrics`` and ``cancel``;
 * ``PREPARING_WORKERS`` preparing workers take requests off the service queue: a ``generate`` or ``chat``
   becomes a ``GenerationRequest`` value (template, tokens, constraint, all compiled here), ``tokenize`` is
   answered here; the rest (control messages, sessions) is passed on (``handover.py``);
@@ -13,19 +13,17 @@ Three kinds of work, on three kinds of thread, like llama.cpp's server (HTTP thr
 
 Who owns a request (``owner``) decides whose KV it may reuse: the CURVE identity of its peer, or the local
 account, refined by the ``owner`` a relaying peer names (the gateway: the API key's name, or one name for all
-keyless callers; the service loop takes it only from a peer that may send privileged messages). Each client
+keyless callers; the router takes it only from a peer that may send privileged messages). Each client
 (that owner, else the connection) has at most ``runtime.max_generations_per_client`` generations in flight, so
 the gateway's callers, which borrow pooled connections, are counted by who they are.
 """
 
 from __future__ import annotations
 
-import zmq
-
 from shared.config import Config
 from shared.cores import stack_lease
 from shared.protocol import Request
-from shared.service import Job, Service
+from shared.service import Job, Service, Sink
 from services.inference.control import EngineControl, owner
 from services.inference.engine import settings_id
 from services.inference.handover import ClientLimits, Handover
@@ -53,7 +51,7 @@ class InferenceService(Service):
         self.preparer = Preparer(config, self.models)
         self.preparer.warm_up()
         self.control = EngineControl(config, self.models, self.log)
-        self.handover = Handover(self, self.scheduler, self.control,
+        self.handover = Handover(self, config.runtime.queue_size, self.scheduler, self.control,
                                  ClientLimits(config.runtime.max_generations_per_client))
         self.handle("session.drop", self.control.on_session_drop)
         self.handle("sessions", self.control.on_sessions)
@@ -86,25 +84,25 @@ class InferenceService(Service):
         """The scheduler's thread first (``close`` asks whether it still runs), then the preparing workers."""
         return [self.handover.schedule] + [self.work_loop] * PREPARING_WORKERS
 
-    def serve(self, job: Job, out: zmq.Socket) -> None:
+    def serve(self, job: Job, sink: Sink) -> None:
         """On a preparing worker: a generation is prepared and handed to the scheduler's thread, and so is
         engine work; what touches no engine (``tokenize``) is answered here."""
         req = job.request
         if req.type in _OFF_LOOP:
-            return self.run_job(job, out)
+            return self.run_job(job, sink)
         if req.type not in ("generate", "chat"):
             return self.handover.put(job)
         client = self._client(job)
         try:
             self.handover.limits.enter(client)
         except Exception as exc:
-            return self.answer(job, out).fail(exc)
+            return self.answer(job, sink).fail(exc)
         outlet = self.handover.outlet(job, client)
         try:
             generation = self.preparer.prepare(req, owner(req), outlet)
         except Exception as exc:
             self.handover.limits.leave(client)
-            return self.answer(job, out).fail(exc)
+            return self.answer(job, sink).fail(exc)
         self.handover.put(generation)
 
     @staticmethod

@@ -183,7 +183,7 @@ class Tuner:
         kind = sample.get("type")
         if kind == "_system":
             self._processes[service] = {"pid": pid, **{k: v for k, v in sample.items() if k != "type"}}
-        elif "latency_s" in sample:  # the generic sample every service loop reports
+        elif "latency_s" in sample:  # the generic sample every service runtime reports
             alert = self.alarm.add(service, float(sample["latency_s"]))
             if alert:
                 self.log.warning("latency_alert", **alert)

@@ -1,6 +1,6 @@
-"""The watchdog process: the shared service loop (``health``, ``watchdog.status``) plus a supervisor thread.
+"""The watchdog process: the shared service runtime (``health``, ``watchdog.status``) plus a supervisor thread.
 
-The supervisor thread heartbeats the services; the service loop only answers
+The supervisor thread heartbeats the services; the service only answers
 questions about it, so ``magnitude health`` sees the watchdog like any service.
 SIGTERM stops supervising at once (``magnitude down`` stops the watchdog before
 the services, so nothing it stops is restarted).

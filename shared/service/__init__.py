@@ -1,7 +1,10 @@
-"""The process skeleton every Magnitude service shares: the I/O loop (``loop.py``), its memory of accepted
-requests (``retries.py``) and the contract its worker threads work to (``workers.py``)."""
+"""The process skeleton every Magnitude service shares: the runtime (``runtime.py``: lifecycle, drain, health,
+metrics, watched threads), its ZeroMQ front (``zmq_router.py``) with its memory of accepted requests
+(``retries.py``), the contract worker threads work to (``workers.py``), and ``Service`` (``service.py``), the
+runtime with that front and handlers on worker threads."""
 
-from shared.service.loop import Service
-from shared.service.workers import Answer, Emitter, Handler, Job
+from shared.service.runtime import Runtime, Transport
+from shared.service.service import Service
+from shared.service.workers import Answer, Emitter, Handler, Job, Sink
 
-__all__ = ["Answer", "Emitter", "Handler", "Job", "Service"]
+__all__ = ["Answer", "Emitter", "Handler", "Job", "Runtime", "Service", "Sink", "Transport"]

@@ -3,7 +3,7 @@
 A request is known by its key, (session, id). While it runs, a retry of it waits for the same final reply;
 once it has answered ok, its reply is kept (within a byte budget), so a client that lost the reply and retries
 gets it back without a second execution. A client may cancel a request it is still waiting for. This memory
-lives in the I/O loop's thread only and does not survive a restart.
+lives in the runtime's thread only (the ZeroMQ router's, ``zmq_router.py``) and does not survive a restart.
 """
 
 from __future__ import annotations

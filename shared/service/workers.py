@@ -1,10 +1,11 @@
-"""The worker contract: how a service's worker threads take jobs off the I/O loop's queue, beat and answer.
+"""The worker contract: how a service's worker threads take jobs off the runtime's queue, beat and answer.
 
-The I/O loop (``loop.py``) puts each accepted request on a bounded queue as a ``Job``. A worker thread takes it
-(``Workers.next_job``), runs it and answers it through an ``Answer``: ``event`` frames, then one final ``ok`` or
-error frame, sent over the worker's own inproc socket (ZeroMQ sockets are not thread-safe), each prefixed with
-the bookkeeping the loop needs. Workers beat as they go (``Workers.beat``): ``health`` turns false when a worker
-has died or its last beat is older than the service's ``worker_stall_s``.
+A transport (``zmq_router.py``) puts each accepted request on a bounded queue as a ``Job``. A worker thread takes
+it (``Workers.next_job``), runs it and answers it through an ``Answer``: ``event`` replies, then one final ``ok``
+or error reply, each handed to the worker's own ``Sink``, which the transport forwards to the client. The sink,
+not a socket, is what a worker knows, so a test can answer into a list. Workers beat as they go
+(``Workers.beat``): ``health`` turns false when a worker has died or its last beat is older than the service's
+``worker_stall_s``.
 """
 
 from __future__ import annotations
@@ -13,20 +14,30 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import msgpack
-import zmq
+from typing import Any, Callable, Protocol
 
 from shared.protocol import ErrorCode, ProtocolError, Request, Result, encode_error, encode_reply, internal_error
 
 
+def _never() -> bool:
+    return False
+
+
 @dataclass
 class Job:
-    header: list[bytes]  # ROUTER routing frames, sent back unchanged
+    header: list[bytes]  # the transport's routing frames, sent back unchanged
     request: Request
     received_at: float
     started_at: float | None = None  # when a worker took it off the queue
+    #: Whether its client has cancelled it; long work asks as it goes (the inference scheduler at every step).
+    is_cancelled: Callable[[], bool] = _never
+
+
+class Sink(Protocol):
+    """Where a worker thread's replies go: the transport that accepted the job forwards them to its client.
+    ``kind`` is ``event``, ``ok`` or ``error``; ``code`` is the error code of an error, else None."""
+
+    def reply(self, job: Job, kind: str, payload: bytes, code: str | None = None) -> None: ...
 
 
 class Emitter:
@@ -43,14 +54,14 @@ Handler = Callable[[Request, Emitter], dict]
 
 
 class Answer:
-    """The replies to one job, sent over one worker's socket: events, then one final ok or error."""
+    """The replies to one job, through one worker's sink: events, then one final ok or error."""
 
-    def __init__(self, job: Job, out: zmq.Socket, service: str, log: Any):
-        self.job, self._out, self._service, self._log = job, out, service, log
+    def __init__(self, job: Job, sink: Sink, service: str, log: Any):
+        self.job, self._sink, self._service, self._log = job, sink, service, log
 
     def send(self, kind: str, body: dict | Result) -> None:
         """An ``event`` or the final ``ok`` frame."""
-        self._frame(kind, encode_reply(self.job.request.id, kind, body))
+        self._sink.reply(self.job, kind, encode_reply(self.job.request.id, kind, body))
 
     def fail(self, exc: Exception) -> None:
         """The typed error reply; an unexpected exception is logged as a handler bug, its details kept here."""
@@ -61,21 +72,15 @@ class Answer:
             self._log.error("handler_failed", type=self.job.request.type, request_id=self.job.request.id, ref=ref,
                             exc_info=(type(exc), exc, exc.__traceback__))
             code = ErrorCode.INTERNAL
-        self._frame("error", encode_error(self.job.request.id, code, message), code)
-
-    def _frame(self, kind: str, payload: bytes, code: str | None = None) -> None:
-        job, req = self.job, self.job.request
-        bookkeeping = msgpack.packb([req.session, req.id, kind, req.type, job.received_at, job.started_at, code])
-        self._out.send_multipart([bookkeeping] + job.header + [payload])
+        self._sink.reply(self.job, "error", encode_error(self.job.request.id, code, message), code)
 
 
 class Workers:
-    """The bounded queue between the I/O loop and the worker threads, their heartbeats, and the jobs running."""
+    """The bounded queue between the transports and the worker threads, their heartbeats, and the jobs running."""
 
-    def __init__(self, size: int, is_cancelled: Callable[[tuple], bool],
-                 answer: Callable[[Job, zmq.Socket], Answer]):
+    def __init__(self, size: int, answer: Callable[[Job, Sink], Answer]):
         self.queue: queue.Queue[Job] = queue.Queue(maxsize=size)
-        self._is_cancelled, self._answer = is_cancelled, answer
+        self._answer = answer
         self._running = 0
         self._lock = threading.Lock()
         self._beats: dict[str, float] = {}  # worker thread name -> monotonic time of its last beat
@@ -83,17 +88,17 @@ class Workers:
 
     @property
     def running(self) -> int:
-        """Jobs taken off the queue whose final reply the loop has not yet forwarded."""
+        """Jobs taken off the queue whose final reply the transport has not yet forwarded."""
         return self._running
 
     def beat(self) -> None:
         """The calling worker is alive and making progress."""
         self._beats[threading.current_thread().name] = time.monotonic()
 
-    def next_job(self, timeout_s: float | None, out: zmq.Socket) -> Job | None:
+    def next_job(self, timeout_s: float | None, sink: Sink) -> Job | None:
         """The next queued request (waiting up to ``timeout_s``; None or 0 = don't wait), or None. Beats first.
         From here until its final reply the job counts as running. A job cancelled while it waited is answered
-        ``cancelled`` on ``out`` and skipped."""
+        ``cancelled`` through ``sink`` and skipped."""
         while True:
             self.beat()
             try:
@@ -103,13 +108,13 @@ class Workers:
             with self._lock:
                 self._running += 1
             job.started_at = self._beats[threading.current_thread().name] = time.monotonic()
-            if not self._is_cancelled(job.request.key):
+            if not job.is_cancelled():
                 return job
-            self._answer(job, out).fail(ProtocolError(ErrorCode.CANCELLED, "cancelled by the client before it ran"))
+            self._answer(job, sink).fail(ProtocolError(ErrorCode.CANCELLED, "cancelled by the client before it ran"))
             timeout_s = 0
 
     def finished(self) -> None:
-        """The loop forwarded a running job's final reply."""
+        """The transport forwarded a running job's final reply."""
         with self._lock:
             self._running -= 1
 

@@ -178,15 +178,15 @@ def test_an_internal_error_reply_carries_no_exception_text(tmp_path):
 
     sent = []
 
-    class Out:
-        def send_multipart(self, frames):
-            sent.append(frames[-1])
+    class ListSink:
+        def reply(self, job, kind, payload, code=None):
+            sent.append(payload)
 
     service = Service(make_config(tmp_path), endpoint=f"ipc://{tmp_path}/unused.sock")
     try:
         bug()
     except PermissionError as exc:
-        service.answer(Job([b"peer"], Request("r1", "tool.list", None, {}), time.monotonic()), Out()).fail(exc)
+        service.answer(Job([b"peer"], Request("r1", "tool.list", None, {}), time.monotonic()), ListSink()).fail(exc)
     reply = decode_reply(sent[0])
     assert reply.error_code == "internal" and secret_path not in reply.error_message, reply
     assert "ref" in reply.error_message
