@@ -47,9 +47,10 @@ or a tool-call shape), who owns it and its session, and callbacks: ``on_text(pie
 ``on_done(result)`` with the text and its stats, ``on_error(exc)``, and ``cancelled()``, asked at every step
 (a cancelled request ends with a ``cancelled`` error and frees its slot at once). Tokens the constraint forces
 are decoded like drafts that cannot be rejected. The scheduler only runs generations; it never calls back into
-the service. The path of a request: ``shared/service/loop.py`` (socket, queue) -> ``service.py`` and ``prepare.py``
-(request -> ``GenerationRequest``) -> this file -> ``engine.py`` (``llama_decode``), on the ``ResidentModel`` of
-the request's model (``resident.py``: its engine, session table and drafting policy, ``drafting.py``).
+the service. The path of a request: ``shared/service/zmq_router.py`` (socket) and ``workers.py`` (queue) ->
+``service.py`` and ``prepare.py`` (request -> ``GenerationRequest``) -> this file -> ``engine.py``
+(``llama_decode``), on the ``ResidentModel`` of the request's model (``resident.py``: its engine, session table
+and drafting policy, ``drafting.py``).
 """
 
 from __future__ import annotations
