@@ -1,9 +1,10 @@
 """The fleet seen from a Swarm manager: Swarm's view of nodes and tasks, and a probe job on every robot node.
 
-``run_probe`` starts ``magnitude.fleet.probe`` as a ``global-job`` service in the stack's own image, with the
-node's ``run`` volume and the stack's configuration, waits until every node's task has ended, and reads the line
-each printed from the service's logs (the manager gathers them from the nodes). Only the Docker API is used: no
-port, key or ssh reaches the nodes.
+``run_probe`` starts ``magnitude.fleet.probe`` as a one-shot service in the stack's own image (``global``, never
+restarted), with the node's ``run`` volume and the stack's configuration, waits until every node's task has
+ended, reads the line each printed from the service's logs (the manager gathers them from the nodes), and
+removes the service. Only the Docker API is used: no port, key or ssh reaches the nodes. Not a ``global-job``:
+this engine (20.10) keeps a job's exited containers after its service is removed, and with them the volumes.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def run_probe(client: Any, stack: str, args: list[str], constraints: list[str] |
     mounts, configs = _mounts_and_configs(client, stack, extra_configs or [])
     service = client.services.create(
         image, command=["python", "-m", "magnitude.fleet.probe", *args], name=f"{stack}_probe-{uuid.uuid4().hex[:8]}",
-        mode=docker.types.ServiceMode("global-job"), restart_policy=docker.types.RestartPolicy("none"),
+        mode=docker.types.ServiceMode("global"), restart_policy=docker.types.RestartPolicy("none"),
         constraints=[f"node.labels.{ROLE_LABEL} == robot", *(constraints or [])], mounts=mounts, configs=configs,
         env=["NODE_NAME={{.Node.Hostname}}", f"MAGNITUDE_CONFIG={CONFIG_PATH}"], labels={STACK_LABEL: stack})
     try:
