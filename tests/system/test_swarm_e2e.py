@@ -209,8 +209,8 @@ def test_fleet_strategy_dump_then_restore_to_the_node(stack, tmp_path):
     assert dumped["format"] == "magnitude-strategy", dumped
     restored = fleet("strategy", "restore", str(tmp_path / f"{hostname}.json"), "--node", hostname)
     assert f"{hostname}" in restored and json.dumps(dumped["settings"]) in restored, restored
-    probes = run("docker", "ps", "-aq", "--filter", f"name={STACK}_probe-").stdout.split()
-    assert probes == [], "a probe's container outlived it (and would hold the run volume)"
+    poll(lambda: not run("docker", "ps", "-aq", "--filter", f"name={STACK}_probe-").stdout.split(), 60,
+         "the probes' containers removed with their services (they would hold the run volume)")
 
 
 def test_the_watchdog_ends_a_sigstopped_inference_task_and_swarm_replaces_it(stack):
