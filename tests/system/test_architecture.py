@@ -120,19 +120,6 @@ def test_the_bound_check_itself_sees_a_literal(tmp_path):
     assert [hit.rsplit(":", 1)[1] for hit in _bound_literals(bad)] == ["2", "3", "3"]
 
 
-# --- the runtime is apart from its transports -----------------------------------------------------------
-def test_the_runtime_and_the_worker_contract_know_no_transport():
-    """``shared/service/runtime.py`` and ``workers.py`` import neither ZeroMQ nor the router, so HTTP or an
-    in-memory fake plugs in as well; the scheduler's side of inference knows the small ``Host`` it needs, not
-    ``Service``."""
-    for name in ("runtime.py", "workers.py"):
-        imported = _imported_modules(REPO / "shared" / "service" / name)
-        transports = {m for m in imported if m.split(".")[0] in ("zmq", "uvicorn") or "zmq_router" in m}
-        assert not transports, f"shared/service/{name} imports {sorted(transports)}"
-    handover = _imported_modules(REPO / "services" / "inference" / "handover.py")
-    assert "shared.service.Service" not in handover and not {m for m in handover if m.startswith("zmq")}
-
-
 # --- the scheduler only schedules -----------------------------------------------------------------------
 @pytest.mark.model
 def test_the_scheduler_thread_never_runs_service_code(tmp_path, monkeypatch):
