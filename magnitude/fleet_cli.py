@@ -1,7 +1,8 @@
 """``magnitude fleet``: the stack on Docker Swarm, seen and tuned from a manager (docs/fleet.md).
 
 ``stack`` writes the Swarm stack file generated from compose.yaml (``magnitude.fleet.stack``); ``status`` and
-``strategy dump|restore`` act on every robot node through one-shot probe jobs (``magnitude.fleet.jobs``).
+``strategy dump|restore`` act on the nodes through one-shot probes beside the stack's services
+(``magnitude.fleet.jobs``).
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from magnitude.fleet import jobs
-from magnitude.fleet.stack import API_KEYS_SECRET, ROLE_LABEL, write_stack
+from magnitude.fleet.stack import (API_KEYS_SECRET, CLIENT_SECRETS, CURVE_CLIENT, ROLE_LABEL, SERVER_SECRETS,
+                                   write_stack)
 
 REPO = Path(__file__).resolve().parent.parent
 #: The node label that names a box's board (``rk3588``, ``jetson-orin``...): strategies are pushed per board kind.
@@ -23,10 +25,18 @@ STRATEGY_PATH = "/etc/magnitude/strategy.json"
 
 
 def cmd_stack(args, config) -> int:
-    stack_file = write_stack(Path(args.compose), Path(args.image_config), Path(args.out))
-    print(f"wrote {stack_file} and {stack_file.parent / 'magnitude.yaml'} (the containers' configuration)")
+    placement = {side: constraint for side, constraint in (("robot", args.robot_constraint),
+                                                           ("inference", args.inference_constraint)) if constraint}
+    stack_file = write_stack(Path(args.compose), Path(args.image_config), Path(args.out), args.inference_node,
+                             placement)
+    print(f"wrote {stack_file} and its configuration (magnitude*.yaml) in {stack_file.parent}")
     print("deploy, on a manager of the swarm:")
     print(f"  docker node update --label-add {ROLE_LABEL}=robot NODE      # each robot's box")
+    if args.inference_node:
+        print(f"  docker node update --label-add {ROLE_LABEL}=inference NODE  # the box that runs the model")
+        print(f"  scripts/ops/keys init --client {CURVE_CLIENT}                 # CURVE keys, in $MAGNITUDE_HOME/data/keys")
+        for secret, path in {**CLIENT_SECRETS, **SERVER_SECRETS}.items():
+            print(f"  docker secret create {secret} $MAGNITUDE_HOME/data/keys/{path}")
     print(f"  docker secret create {API_KEYS_SECRET} KEYS_FILE            # scripts/ops/keys api-key NAME makes one")
     print(f"  docker stack deploy --resolve-image never -c {stack_file} magnitude")
     return 0
@@ -37,27 +47,32 @@ def _progress(line: str) -> None:
 
 
 def fleet_status(client: Any, stack: str) -> dict[str, Any]:
-    """Swarm's view of every node, each robot node's probe merged in."""
+    """Swarm's view of every node, with the health of each service placed there, as a probe beside it found it."""
     nodes = jobs.swarm_view(client, stack)
-    for found in jobs.run_probe(client, stack, ["status"], progress=_progress):
-        node = nodes.setdefault(found["node"], {"tasks": {}})
-        node.update({k: v for k, v in found.items() if k not in ("node", "what", "services")})
-        node["services"] = {name: {"task": node["tasks"].get(name), **health}
-                            for name, health in found.get("services", {}).items()}
+    for beside, names in jobs.placement_groups(client, stack):
+        for found in jobs.run_probe(client, stack, ["status"], beside=beside, progress=_progress):
+            node = nodes.setdefault(found["node"], {"tasks": {}})
+            node.update({k: v for k, v in found.items() if k not in ("node", "what", "services") and v is not None})
+            services = node.setdefault("services", {})
+            for name in names:
+                if name in found.get("services", {}):
+                    services[name] = {"task": node["tasks"].get(name), **found["services"][name]}
     for node in nodes.values():
-        node.setdefault("services", {name: {"task": state, "healthy": None} for name, state in node["tasks"].items()})
-        del node["tasks"]
+        services = node.setdefault("services", {})
+        for name, state in node.pop("tasks").items():
+            services.setdefault(name, {"task": state, "healthy": None})
+        node.setdefault("decode_tps", None)
+        node.setdefault("strategy_age_s", None)
     return {"stack": stack, "nodes": nodes}
 
 
 def _print_status(status: dict[str, Any]) -> None:
     print(f"{'node':<16} {'service':<10} {'task':<9} {'health':<10} {'queue':>5} {'tok/s':>6} {'strategy age':>12}  model")
     for hostname, node in sorted(status["nodes"].items()):
-        if node.get("role") != "robot":
-            print(f"{hostname:<16} (role {node.get('role') or '-'}, {node.get('state')}: runs no robot stack)")
+        if not node["services"]:
+            print(f"{hostname:<16} (role {node.get('role') or '-'}, {node.get('state')}: runs none of the stack)")
             continue
-        tps = node.get("decode_tps")
-        age = node.get("strategy_age_s")
+        tps, age = node["decode_tps"], node["strategy_age_s"]
         for name, svc in node["services"].items():
             health = {True: "healthy", False: "UNHEALTHY", None: "unknown"}[svc.get("healthy")]
             print(f"{hostname:<16} {name:<10} {svc.get('task') or '-':<9} {health:<10} "
@@ -76,8 +91,8 @@ def cmd_status(args, config) -> int:
         print(json.dumps(status, indent=2))
     else:
         _print_status(status)
-    robots = [n for n in status["nodes"].values() if n.get("role") == "robot"]
-    return 0 if robots and all(s.get("healthy") for n in robots for s in n["services"].values()) else 1
+    placed = [svc for node in status["nodes"].values() for svc in node["services"].values()]
+    return 0 if placed and all(svc.get("healthy") for svc in placed) else 1
 
 
 def cmd_strategy_dump(args, config) -> int:
@@ -86,7 +101,7 @@ def cmd_strategy_dump(args, config) -> int:
         client = jobs.swarm_client()
         boards = {n.attrs["Description"]["Hostname"]: n.attrs["Spec"].get("Labels", {}).get(BOARD_LABEL)
                   for n in client.nodes.list()}
-        found = jobs.run_probe(client, args.stack, ["dump"], progress=_progress)
+        found = jobs.run_probe(client, args.stack, ["dump"], beside="optimizer", progress=_progress)
     except jobs.FleetError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -117,8 +132,8 @@ def cmd_strategy_restore(args, config) -> int:
     try:
         reference = docker.types.ConfigReference(document.id, document.name, filename=STRATEGY_PATH, uid="10001",
                                                  mode=0o400)
-        found = jobs.run_probe(client, args.stack, ["restore", STRATEGY_PATH], constraints=constraints,
-                               extra_configs=[reference], progress=_progress)
+        found = jobs.run_probe(client, args.stack, ["restore", STRATEGY_PATH], beside="optimizer",
+                               constraints=constraints, extra_configs=[reference], progress=_progress)
     except jobs.FleetError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
@@ -145,16 +160,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--compose", default=str(REPO / "compose.yaml"), metavar="FILE", help="the compose file")
     p.add_argument("--image-config", default=str(REPO / "docker" / "magnitude.yaml"), metavar="FILE",
                    help="the containers' configuration it starts from")
+    p.add_argument("--inference-node", action="store_true",
+                   help=f"inference and the optimizer on the node labelled {ROLE_LABEL}=inference, reached by the "
+                        "robots over tcp with CURVE (light robots; docs/fleet.md)")
+    p.add_argument("--robot-constraint", metavar="EXPR", help=f"where the robots' services run (default "
+                                                               f"node.labels.{ROLE_LABEL} == robot)")
+    p.add_argument("--inference-constraint", metavar="EXPR", help=f"with --inference-node: where inference runs "
+                                                                   f"(default node.labels.{ROLE_LABEL} == inference)")
     p.set_defaults(fn=cmd_stack)
     p = fsub.add_parser("status", help="every node's services: task, health, queue, tok/s, strategy age, model")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(fn=cmd_status)
     strategy = fsub.add_parser("strategy", help="collect every node's learned strategy, or push one to nodes")
     ssub = strategy.add_subparsers(dest="strategy_command", required=True)
-    p = ssub.add_parser("dump", help="every robot node's strategy into DIR/NODE.json (and DIR/boards.json)")
+    p = ssub.add_parser("dump", help="the strategy of every node's optimizer into DIR/NODE.json (and DIR/boards.json)")
     p.add_argument("--out", required=True, metavar="DIR")
     p.set_defaults(fn=cmd_strategy_dump)
-    p = ssub.add_parser("restore", help="make FILE the strategy of the robot nodes of one board kind (or one node)")
+    p = ssub.add_parser("restore", help="make FILE the strategy of the optimizers on nodes of one board kind (or one node)")
     p.add_argument("file", metavar="FILE")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--board", metavar="KIND", help=f"nodes labelled {BOARD_LABEL}=KIND")

@@ -1,10 +1,12 @@
-"""The fleet seen from a Swarm manager: Swarm's view of nodes and tasks, and a probe job on every robot node.
+"""The fleet seen from a Swarm manager: Swarm's view of nodes and tasks, and probes on the nodes.
 
-``run_probe`` starts ``magnitude.fleet.probe`` as a one-shot service in the stack's own image (``global``, never
-restarted), with the node's ``run`` volume and the stack's configuration, waits until every node's task has
-ended, reads the line each printed from the service's logs (the manager gathers them from the nodes), and
-removes the service. Only the Docker API is used: no port, key or ssh reaches the nodes. Not a ``global-job``:
-this engine (20.10) keeps a job's exited containers after its service is removed, and with them the volumes.
+``run_probe`` starts ``magnitude.fleet.probe`` as a one-shot service (``global``, never restarted) on every node
+where the stack places a given service, as that service: its image, placement, configuration, secrets and the
+node's ``run`` volume (so it reaches the node's services, and a split stack's inference, as they do). It waits
+until every node's task has ended, reads the line each printed from the service's logs (the manager gathers them
+from the nodes), and removes the service. Only the Docker API is used: no port, key or ssh reaches the nodes. Not
+a ``global-job``: this engine (20.10) keeps a job's exited containers after its service is removed, and with them
+the volumes.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import uuid
 from typing import Any, Callable
 
 from magnitude.fleet.probe import MARKER
-from magnitude.fleet.stack import CONFIG_NAME, CONFIG_PATH, ROLE_LABEL, SERVICE_UID
+from magnitude.fleet.stack import CONFIG_PATH, ROLE_LABEL
 
 STACK_LABEL = "com.docker.stack.namespace"
 DONE_STATES = {"complete", "failed", "rejected", "shutdown", "orphaned"}
@@ -46,6 +48,24 @@ def stack_services(client: Any, stack: str) -> list[Any]:
     return found
 
 
+def _watched(service: Any, stack: str) -> str | None:
+    """The short name of a stack service to watch; None for a setup job or one of our probes."""
+    name = service.name.removeprefix(f"{stack}_")
+    job = service.attrs["Spec"].get("Mode", {}).get("GlobalJob") is not None
+    return None if job or name.startswith("probe-") else name
+
+
+def placement_groups(client: Any, stack: str) -> list[tuple[str, list[str]]]:
+    """The stack's services grouped by where they are placed, each group as (the one to probe beside, all):
+    one group, or two for a split stack (the robots', inference's)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for service in stack_services(client, stack):
+        if name := _watched(service, stack):
+            placement = service.attrs["Spec"]["TaskTemplate"].get("Placement", {}).get("Constraints", [])
+            groups.setdefault(tuple(placement), []).append(name)
+    return [(sorted(names)[0], sorted(names)) for names in groups.values()]
+
+
 def swarm_view(client: Any, stack: str) -> dict[str, dict[str, Any]]:
     """Per node (hostname): its role label, availability and state, and each stack service's task state there."""
     nodes = {n.id: n.attrs for n in client.nodes.list()}
@@ -53,9 +73,8 @@ def swarm_view(client: Any, stack: str) -> dict[str, dict[str, Any]]:
         "role": attrs["Spec"].get("Labels", {}).get(ROLE_LABEL), "state": attrs["Status"]["State"],
         "availability": attrs["Spec"]["Availability"], "tasks": {}} for attrs in nodes.values()}
     for service in stack_services(client, stack):
-        name = service.name.removeprefix(f"{stack}_")
-        if service.attrs["Spec"].get("Mode", {}).get("GlobalJob") is not None:
-            continue  # the setup jobs: done once, not a service to watch
+        if (name := _watched(service, stack)) is None:
+            continue
         for task in service.tasks(filters={"desired-state": "running"}):
             node = nodes.get(task.get("NodeID"))
             if node is not None:
@@ -63,30 +82,34 @@ def swarm_view(client: Any, stack: str) -> dict[str, dict[str, Any]]:
     return view
 
 
-def _mounts_and_configs(client: Any, stack: str, extra_configs: list[Any]) -> tuple[list[Any], list[Any]]:
-    import docker.types
+def _template(client: Any, stack: str, service: str) -> dict[str, Any]:
+    """What a probe beside ``service`` gets from that service's spec: its image, placement, configuration,
+    secrets (the CURVE keys of a split stack) and ``run`` volume."""
+    import docker
 
-    [config] = client.configs.list(filters={"name": f"{stack}_{CONFIG_NAME}"}) or [None]
-    if config is None:
-        raise FleetError(f"stack {stack!r} has no {CONFIG_NAME} config")
-    mounts = [docker.types.Mount(target="/run/magnitude", source=f"{stack}_run", type="volume")]
-    configs = [docker.types.ConfigReference(config.id, config.name, filename=CONFIG_PATH, uid=SERVICE_UID,
-                                            mode=0o400), *extra_configs]
-    return mounts, configs
+    try:
+        spec = client.services.get(f"{stack}_{service}").attrs["Spec"]
+    except docker.errors.NotFound:  # type: ignore[attr-defined]
+        raise FleetError(f"stack {stack!r} has no service {service}") from None
+    container = spec["TaskTemplate"]["ContainerSpec"]
+    return {"image": container["Image"], "constraints": spec["TaskTemplate"]["Placement"].get("Constraints", []),
+            "configs": container.get("Configs", []), "secrets": container.get("Secrets", []),
+            "mounts": [m for m in container.get("Mounts", []) if m["Target"] == "/run/magnitude"]}
 
 
-def run_probe(client: Any, stack: str, args: list[str], constraints: list[str] | None = None,
+def run_probe(client: Any, stack: str, args: list[str], beside: str = "gateway", constraints: list[str] | None = None,
               extra_configs: list[Any] | None = None, timeout_s: float = PROBE_TIMEOUT_S,
               progress: Callable[[str], None] = lambda line: None) -> list[dict[str, Any]]:
-    """``magnitude.fleet.probe ARGS`` once on every robot node (and ``constraints``): each node's JSON line."""
+    """``magnitude.fleet.probe ARGS`` once on every node where the stack places ``beside`` (and ``constraints``),
+    as that service sees its peers: each node's JSON line."""
     import docker.types
 
-    image = client.services.get(f"{stack}_inference").attrs["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"]
-    mounts, configs = _mounts_and_configs(client, stack, extra_configs or [])
+    template = _template(client, stack, beside)
     service = client.services.create(
-        image, command=["python", "-m", "magnitude.fleet.probe", *args], name=f"{stack}_probe-{uuid.uuid4().hex[:8]}",
-        mode=docker.types.ServiceMode("global"), restart_policy=docker.types.RestartPolicy("none"),
-        constraints=[f"node.labels.{ROLE_LABEL} == robot", *(constraints or [])], mounts=mounts, configs=configs,
+        template["image"], command=["python", "-m", "magnitude.fleet.probe", *args],
+        name=f"{stack}_probe-{uuid.uuid4().hex[:8]}", mode=docker.types.ServiceMode("global"),
+        restart_policy=docker.types.RestartPolicy("none"), constraints=[*template["constraints"], *(constraints or [])],
+        mounts=template["mounts"], configs=[*template["configs"], *(extra_configs or [])], secrets=template["secrets"],
         env=["NODE_NAME={{.Node.Hostname}}", f"MAGNITUDE_CONFIG={CONFIG_PATH}"], labels={STACK_LABEL: stack})
     try:
         progress(f"probe {args[0]}: started {service.name}")

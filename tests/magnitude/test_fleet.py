@@ -33,3 +33,30 @@ def test_the_generated_stack_says_the_swarm_way_what_swarm_refuses_or_ignores(tm
     assert config["gateway"]["api_keys_file"] == f"/run/secrets/{API_KEYS_SECRET}"
     assert config["agent"] == yaml.safe_load((REPO / "docker" / "magnitude.yaml").read_text())["agent"]
     assert Path(stack["configs"]["magnitude_config"]["file"]) == tmp_path / "magnitude.yaml"
+
+
+def test_the_split_stack_puts_inference_beside_its_optimizer_and_gives_each_side_its_endpoints_and_keys(tmp_path):
+    from magnitude.fleet.stack import CLIENT_SECRETS, INFERENCE_NODE, ROBOT, SERVER_SECRETS
+    stack = yaml.safe_load(write_stack(REPO / "compose.yaml", REPO / "docker" / "magnitude.yaml", tmp_path,
+                                       split=True).read_text())
+    services = stack["services"]
+    for name in ("inference", "optimizer"):
+        assert services[name]["deploy"]["mode"] == "replicated" and services[name]["deploy"]["replicas"] == 1
+        assert services[name]["deploy"]["placement"]["constraints"] == [INFERENCE_NODE]
+        assert not any(isinstance(m, dict) for m in services[name]["volumes"]), "no shared memory over tcp"
+        assert {s["source"] for s in services[name]["secrets"]} == {*CLIENT_SECRETS, *SERVER_SECRETS}
+    assert services["setup"]["deploy"]["placement"]["constraints"] == [INFERENCE_NODE] and "secrets" not in \
+        services["setup"]
+    for name in ("embedding", "retrieval", "tools", "gateway", "watchdog"):
+        assert services[name]["deploy"]["placement"]["constraints"] == [ROBOT]
+        held = {s["source"] for s in services[name]["secrets"]}
+        assert held & set(CLIENT_SECRETS) == set(CLIENT_SECRETS) and not held & set(SERVER_SECRETS), name
+    endpoints = {name: yaml.safe_load((tmp_path / file).read_text())["runtime"]["endpoints"]
+                 for name, file in (("robot", "magnitude.yaml"), ("inference", "magnitude-inference.yaml"),
+                                    ("optimizer", "magnitude-optimizer.yaml"))}
+    assert endpoints["robot"] == {"inference": "tcp://inference:5555", "optimizer": "tcp://optimizer:5556"}
+    assert endpoints["inference"] == {"inference": "tcp://0.0.0.0:5555", "optimizer": "tcp://optimizer:5556"}
+    assert endpoints["optimizer"] == {"inference": "tcp://inference:5555", "optimizer": "tcp://0.0.0.0:5556"}
+    assert services["inference"]["configs"][0]["source"] == "magnitude_config_inference"
+    assert {c for c in stack["configs"]} == {"magnitude_config", "magnitude_config_inference",
+                                             "magnitude_config_optimizer"}

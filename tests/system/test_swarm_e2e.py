@@ -24,11 +24,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from magnitude.fleet.stack import API_KEYS_SECRET, ROLE_LABEL
+from magnitude.fleet.stack import API_KEYS_SECRET, CLIENT_SECRETS, CURVE_CLIENT, ROLE_LABEL, SERVER_SECRETS
 from services.gateway.keys import create_key
 from shared import shm
 from shared.client import Client
 from shared.config import SERVICE_NAMES, WATCHDOG_NAME
+from shared.security import create_keys
 from tests.conftest import REPO, REPORT
 from tests.system.conftest import IMAGE, run
 
@@ -50,20 +51,20 @@ def poll(predicate, timeout_s: float, what: str):
     raise AssertionError(f"not within {timeout_s:g}s: {what}")
 
 
-def containers(service: str | None = None, running_only: bool = True) -> list[dict]:
+def containers(service: str | None = None, running_only: bool = True, stack: str = STACK) -> list[dict]:
     """`docker inspect` of the stack's containers (of one service)."""
-    label = f"com.docker.swarm.service.name={STACK}_{service}" if service else f"com.docker.stack.namespace={STACK}"
+    label = f"com.docker.swarm.service.name={stack}_{service}" if service else f"com.docker.stack.namespace={stack}"
     ids = run("docker", "ps", "-q", *([] if running_only else ["-a"]), "--filter", f"label={label}").stdout.split()
     return json.loads(run("docker", "inspect", *ids).stdout) if ids else []
 
 
-def health_states() -> dict[str, str]:
-    return {c["Config"]["Labels"]["com.docker.swarm.service.name"].removeprefix(f"{STACK}_"):
-            c["State"].get("Health", {}).get("Status", "none") for c in containers()}
+def health_states(stack: str = STACK) -> dict[str, str]:
+    return {c["Config"]["Labels"]["com.docker.swarm.service.name"].removeprefix(f"{stack}_"):
+            c["State"].get("Health", {}).get("Status", "none") for c in containers(stack=stack)}
 
 
-def all_healthy() -> bool:
-    states = health_states()
+def all_healthy(stack: str = STACK) -> bool:
+    states = health_states(stack)
     return all(states.get(name) == "healthy" for name in SERVICES)
 
 
@@ -72,17 +73,32 @@ def host_client(service: str) -> Client:
     return Client(f"ipc://{run_dir}/{service}.sock", timeout_s=10)
 
 
-def remove_stack() -> None:
-    """The stack, its exited job containers, volumes and secret: what an earlier run or this one left."""
-    run("docker", "stack", "rm", STACK, check=False)
-    poll(lambda: not containers(), 120, "the stack's containers gone")
-    leftovers = run("docker", "ps", "-aq", "--filter", f"label=com.docker.stack.namespace={STACK}").stdout.split()
+def remove_stack(stack: str = STACK, secrets: tuple[str, ...] = (API_KEYS_SECRET,)) -> None:
+    """The stack, its exited job containers, volumes and secrets: what an earlier run or this one left."""
+    run("docker", "stack", "rm", stack, check=False)
+    poll(lambda: not containers(stack=stack), 120, "the stack's containers gone")
+    leftovers = run("docker", "ps", "-aq", "--filter", f"label=com.docker.stack.namespace={stack}").stdout.split()
     if leftovers:
         run("docker", "rm", "-f", *leftovers, check=False)
     for volume in ("run", "models", "data", "shm"):  # a volume is freed a moment after its last container
-        poll(lambda: run("docker", "volume", "rm", "-f", f"{STACK}_{volume}", check=False).returncode == 0, 60,
-             f"volume {STACK}_{volume} removed")
-    run("docker", "secret", "rm", API_KEYS_SECRET, check=False)
+        poll(lambda: run("docker", "volume", "rm", "-f", f"{stack}_{volume}", check=False).returncode == 0, 60,
+             f"volume {stack}_{volume} removed")
+    for secret in secrets:
+        run("docker", "secret", "rm", secret, check=False)
+
+
+def deploy(stack_file: Path, stack: str) -> float:
+    """``docker stack deploy`` until every service is healthy by its docker healthcheck; the seconds it took."""
+    start = time.monotonic()
+    run("docker", "stack", "deploy", "--resolve-image", "never", "-c", str(stack_file), stack,
+        MAGNITUDE_IMAGE=IMAGE, MAGNITUDE_WHEELHOUSE=str(REPO / "wheelhouse"))
+    try:
+        poll(lambda: all_healthy(stack), HEALTHY_WITHIN_S, "every service healthy by its docker healthcheck")
+    except AssertionError:
+        logs = {name: run("docker", "service", "logs", "--tail", "5", f"{stack}_{name}", check=False).stdout[-800:]
+                for name in SERVICES}
+        raise AssertionError(f"not all healthy: {health_states(stack)}\n{logs}") from None
+    return time.monotonic() - start
 
 
 @pytest.fixture(scope="module")
@@ -106,17 +122,9 @@ def stack(swarm, tmp_path_factory):
     run(sys.executable, "-m", "magnitude.cli", "fleet", "stack", "--out", str(out), PYTHONPATH=str(REPO))
     key = create_key(out / "api_keys", "e2e")
     run("docker", "secret", "create", API_KEYS_SECRET, str(out / "api_keys"))
-    start = time.monotonic()
     try:
-        run("docker", "stack", "deploy", "--resolve-image", "never", "-c", str(out / "stack.yaml"), STACK,
-            MAGNITUDE_IMAGE=IMAGE, MAGNITUDE_WHEELHOUSE=str(REPO / "wheelhouse"))
-        try:
-            poll(all_healthy, HEALTHY_WITHIN_S, "every service healthy by its docker healthcheck")
-        except AssertionError:
-            logs = {name: run("docker", "service", "logs", "--tail", "5", f"{STACK}_{name}", check=False).stdout[-800:]
-                    for name in SERVICES}
-            raise AssertionError(f"not all healthy: {health_states()}\n{logs}") from None
-        REPORT.append(f"swarm e2e: `docker stack deploy` to every service healthy: {time.monotonic() - start:.0f} s "
+        took = deploy(out / "stack.yaml", STACK)
+        REPORT.append(f"swarm e2e: `docker stack deploy` to every service healthy: {took:.0f} s "
                       "(models assembled by the setup jobs)")
         yield key
     finally:
@@ -239,3 +247,52 @@ def test_stack_rm_leaves_nothing_running(stack):
     poll(lambda: not containers(), 120, "no container of the stack running")
     assert run("docker", "service", "ls", "-q", "--filter", f"label=com.docker.stack.namespace={STACK}").stdout == ""
 
+
+
+# --- the split stack: inference on its own node, the robots' services reach it over tcp with CURVE -------------
+SPLIT = "mag-split-e2e"
+
+
+@pytest.fixture(scope="module")
+def split_stack(stack, tmp_path_factory):
+    """Deployed once the first stack is gone (test_stack_rm_leaves_nothing_running), with its API key. One node
+    plays both roles here: each side's placement is the manager (a real split labels two nodes)."""
+    out = tmp_path_factory.mktemp("split")
+    keys = out / "keys"
+    create_keys(keys, [CURVE_CLIENT])
+    curve = (*CLIENT_SECRETS, *SERVER_SECRETS)
+    remove_stack(SPLIT, curve)
+    for secret, path in {**CLIENT_SECRETS, **SERVER_SECRETS}.items():
+        run("docker", "secret", "create", secret, str(keys / path))
+    run(sys.executable, "-m", "magnitude.cli", "fleet", "stack", "--out", str(out), "--inference-node",
+        "--robot-constraint", "node.role == manager", "--inference-constraint", "node.role == manager",
+        PYTHONPATH=str(REPO))
+    try:
+        took = deploy(out / "stack.yaml", SPLIT)
+        REPORT.append(f"swarm e2e: the split stack (inference and the optimizer reached over tcp + CURVE, keys as "
+                      f"Swarm secrets) to every service healthy: {took:.0f} s")
+        yield stack
+    finally:
+        remove_stack(SPLIT, curve)
+
+
+def test_split_a_robot_chats_with_inference_over_tcp_with_curve_and_its_session_stays_there(split_stack):
+    """The gateway (robot side) reaches inference by its service name over tcp with the fleet's client key; the
+    session's KV stays with inference, so the second turn reuses it, and answers as a cold request does."""
+    assert "tcp://" in run("docker", "exec", containers("gateway", stack=SPLIT)[0]["Id"], "cat",
+                           "/etc/magnitude/magnitude.yaml").stdout
+    first = [{"role": "user", "content": "Name two planets, comma separated."}]
+    answer, _ = _chat(split_stack, first, "split-e2e")
+    follow_up = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "One more."}]
+    warm, warm_usage = _chat(split_stack, follow_up, "split-e2e")
+    cold, _ = _chat(split_stack, follow_up)
+    assert warm == cold and warm_usage.prompt_tokens_details.cached_tokens > 0, (warm, cold, warm_usage)
+
+
+def test_split_fleet_status_shows_each_side_with_its_health(split_stack):
+    status = json.loads(run(sys.executable, "-m", "magnitude.cli", "fleet", "status", "--json", "--stack", SPLIT,
+                            timeout=300, PYTHONPATH=str(REPO)).stdout)
+    [node] = status["nodes"].values()
+    assert set(node["services"]) == set(SERVICES), node["services"]
+    unhealthy = {name: svc for name, svc in node["services"].items() if svc["healthy"] is not True}
+    assert not unhealthy, unhealthy
