@@ -34,7 +34,7 @@ def cmd_stack(args, config) -> int:
     print(f"  docker node update --label-add {ROLE_LABEL}=robot NODE      # each robot's box")
     if args.inference_node:
         print(f"  docker node update --label-add {ROLE_LABEL}=inference NODE  # the box that runs the model")
-        print(f"  scripts/ops/keys init --client {CURVE_CLIENT}                 # CURVE keys, in $MAGNITUDE_HOME/data/keys")
+        print(f"  scripts/ops/keys init --client {CURVE_CLIENT}   # CURVE keys, in $MAGNITUDE_HOME/data/keys")
         for secret, path in {**CLIENT_SECRETS, **SERVER_SECRETS}.items():
             print(f"  docker secret create {secret} $MAGNITUDE_HOME/data/keys/{path}")
     print(f"  docker secret create {API_KEYS_SECRET} KEYS_FILE            # scripts/ops/keys api-key NAME makes one")
@@ -67,7 +67,8 @@ def fleet_status(client: Any, stack: str) -> dict[str, Any]:
 
 
 def _print_status(status: dict[str, Any]) -> None:
-    print(f"{'node':<16} {'service':<10} {'task':<9} {'health':<10} {'queue':>5} {'tok/s':>6} {'strategy age':>12}  model")
+    print(f"{'node':<16} {'service':<10} {'task':<9} {'health':<10} {'queue':>5} {'tok/s':>6} "
+          f"{'strategy age':>12}  model")
     for hostname, node in sorted(status["nodes"].items()):
         if not node["services"]:
             print(f"{hostname:<16} (role {node.get('role') or '-'}, {node.get('state')}: runs none of the stack)")
@@ -176,7 +177,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = ssub.add_parser("dump", help="the strategy of every node's optimizer into DIR/NODE.json (and DIR/boards.json)")
     p.add_argument("--out", required=True, metavar="DIR")
     p.set_defaults(fn=cmd_strategy_dump)
-    p = ssub.add_parser("restore", help="make FILE the strategy of the optimizers on nodes of one board kind (or one node)")
+    p = ssub.add_parser("restore", help="make FILE the strategy of the optimizers on the nodes of one board kind "
+                                        "(or on one node)")
     p.add_argument("file", metavar="FILE")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--board", metavar="KIND", help=f"nodes labelled {BOARD_LABEL}=KIND")
