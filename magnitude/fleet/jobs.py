@@ -84,17 +84,19 @@ def swarm_view(client: Any, stack: str) -> dict[str, dict[str, Any]]:
 
 def _template(client: Any, stack: str, service: str) -> dict[str, Any]:
     """What a probe beside ``service`` gets from that service's spec: its image, placement, configuration,
-    secrets (the CURVE keys of a split stack) and ``run`` volume."""
+    secrets (the CURVE keys of a split stack), ``run`` volume and networks (a split stack's inference is reached
+    by name on the stack's)."""
     import docker
 
     try:
         spec = client.services.get(f"{stack}_{service}").attrs["Spec"]
     except docker.errors.NotFound:  # type: ignore[attr-defined]
         raise FleetError(f"stack {stack!r} has no service {service}") from None
-    container = spec["TaskTemplate"]["ContainerSpec"]
-    return {"image": container["Image"], "constraints": spec["TaskTemplate"]["Placement"].get("Constraints", []),
+    task, container = spec["TaskTemplate"], spec["TaskTemplate"]["ContainerSpec"]
+    return {"image": container["Image"], "constraints": task["Placement"].get("Constraints", []),
             "configs": container.get("Configs", []), "secrets": container.get("Secrets", []),
-            "mounts": [m for m in container.get("Mounts", []) if m["Target"] == "/run/magnitude"]}
+            "mounts": [m for m in container.get("Mounts", []) if m["Target"] == "/run/magnitude"],
+            "networks": [n["Target"] for n in task.get("Networks", [])]}
 
 
 def run_probe(client: Any, stack: str, args: list[str], beside: str = "gateway", constraints: list[str] | None = None,
@@ -110,6 +112,7 @@ def run_probe(client: Any, stack: str, args: list[str], beside: str = "gateway",
         name=f"{stack}_probe-{uuid.uuid4().hex[:8]}", mode=docker.types.ServiceMode("global"),
         restart_policy=docker.types.RestartPolicy("none"), constraints=[*template["constraints"], *(constraints or [])],
         mounts=template["mounts"], configs=[*template["configs"], *(extra_configs or [])], secrets=template["secrets"],
+        networks=template["networks"],
         env=["NODE_NAME={{.Node.Hostname}}", f"MAGNITUDE_CONFIG={CONFIG_PATH}"], labels={STACK_LABEL: stack})
     try:
         progress(f"probe {args[0]}: started {service.name}")

@@ -93,7 +93,10 @@ def _deploy(service: dict[str, Any], constraint: str, single: bool) -> dict[str,
     job = service.get("restart") == "no"
     limits = {key: value for key, value in (("memory", service.get("mem_limit")), ("cpus", service.get("cpus")))
               if value is not None}
-    mode = {"mode": "global-job"} if job else {"mode": "replicated", "replicas": 1} if single else {"mode": "global"}
+    # A single task is reached at its own address (dnsrr), not through a virtual IP: Swarm's VIP needs the
+    # kernel's IPVS, which a small board's kernel may lack, and a ZeroMQ connection re-resolves when it reconnects.
+    mode = ({"mode": "global-job"} if job else {"mode": "replicated", "replicas": 1, "endpoint_mode": "dnsrr"}
+            if single else {"mode": "global"})
     deploy: dict[str, Any] = {
         **mode,
         "placement": {"constraints": [constraint]},

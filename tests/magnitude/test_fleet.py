@@ -42,6 +42,7 @@ def test_the_split_stack_puts_inference_beside_its_optimizer_and_gives_each_side
     services = stack["services"]
     for name in ("inference", "optimizer"):
         assert services[name]["deploy"]["mode"] == "replicated" and services[name]["deploy"]["replicas"] == 1
+        assert services[name]["deploy"]["endpoint_mode"] == "dnsrr"
         assert services[name]["deploy"]["placement"]["constraints"] == [INFERENCE_NODE]
         assert not any(isinstance(m, dict) for m in services[name]["volumes"]), "no shared memory over tcp"
         assert {s["source"] for s in services[name]["secrets"]} == {*CLIENT_SECRETS, *SERVER_SECRETS}

@@ -255,9 +255,11 @@ SPLIT = "mag-split-e2e"
 
 @pytest.fixture(scope="module")
 def split_stack(stack, tmp_path_factory):
-    """Deployed once the first stack is gone (test_stack_rm_leaves_nothing_running), with its API key. One node
-    plays both roles here: each side's placement is the manager (a real split labels two nodes)."""
+    """Deployed once the first stack is gone, with its API key. One node plays both roles here: each side's
+    placement is the manager (a real split labels two nodes)."""
     out = tmp_path_factory.mktemp("split")
+    run("docker", "stack", "rm", STACK, check=False)  # its gateway holds the node's port 8000
+    poll(lambda: not containers(), 120, "the first stack's containers gone")
     keys = out / "keys"
     create_keys(keys, [CURVE_CLIENT])
     curve = (*CLIENT_SECRETS, *SERVER_SECRETS)
