@@ -6,7 +6,9 @@ healthy by its Docker healthcheck; a chat goes through the gateway's port, publi
 inline limit crosses to inference through the node's shared /dev/shm volume; an inference task stopped by the test
 is replaced by Swarm and its replacement answers the session from the KV saved at the stop (the same answer,
 the saved tokens reused); a SIGSTOPped inference task is ended by the watchdog's swarm backend and replaced by
-Swarm; ``docker stack rm`` leaves nothing running. Timings are printed in the test summary.
+Swarm; ``docker stack rm`` leaves nothing running. Then the split stack (``--inference-node``, both sides placed
+on this one node): the robots' services reach inference and the optimizer over tcp with CURVE, the keys being
+Swarm secrets, and a session's KV stays with inference. Timings are printed in the test summary.
 
 Needs what the compose test needs (tests/system/conftest.py) and an engine that may enter Swarm mode: the test
 initialises a one-node swarm when the engine is in none, and leaves it again afterwards.
