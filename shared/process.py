@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psutil
@@ -26,6 +27,10 @@ import psutil
 from shared.config import Config
 from shared.logs import rotation_env
 from shared.security import private_dir
+
+#: This process's identity: unique across restarts where pids repeat (each container numbers its processes from
+#: 1, so a replaced inference container has the old one's pid). Said in ``health`` and in telemetry.
+INSTANCE = uuid.uuid4().hex[:16]
 
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 #: Set in every spawned service's environment (inherited by what it starts): the stack's run directory.

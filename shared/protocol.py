@@ -478,6 +478,7 @@ MESSAGES: dict[str, MessageSpec] = {
         {
             "service": Field(str, required=True, max_len=64),
             "pid": Field(int),
+            "instance": Field(str, max_len=64),
             "samples": Field(list, max_len=4096),
             "system": Field(dict),
         },

@@ -28,6 +28,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from shared import security
 from shared.config import Config, ipc_path
+from shared.process import INSTANCE
 from shared.protocol import PRIORITIES, encode_request
 
 _BUFFER_SAMPLES = 4096
@@ -188,8 +189,8 @@ class Telemetry:
     def flush(self, sock: zmq.Socket) -> None:
         """Send what is buffered as one batch, or drop it when the optimizer is not there."""
         batch = self._take()
-        frame = encode_request("telemetry", {"service": self.service, "pid": os.getpid(), "samples": batch,
-                                             "system": self._system()})
+        frame = encode_request("telemetry", {"service": self.service, "pid": os.getpid(), "instance": INSTANCE,
+                                             "samples": batch, "system": self._system()})
         socket_file = ipc_path(self.endpoint)
         if socket_file is not None and not socket_file.exists():
             self.dropped += len(batch)

@@ -26,9 +26,12 @@ from services.optimizer.signals import ClassFigures, LatencyAlarm, SessionSpeeds
 from services.optimizer.thermal import read_thermal
 
 _RETRY_APPLY_S = 3.0  # after a failed engine.configure (inference down or starting)
-_HEALTH_PROBE_S = 15.0  # how often inference's pid is checked when no telemetry arrives
+_HEALTH_PROBE_S = 15.0  # how often inference's process (pid, instance) is checked when no telemetry arrives
 _SAMPLE_QUEUE = 20000
 _INGEST_BATCH = 2000
+
+#: Who sent a sample: the process's pid and its instance id (``shared.process.INSTANCE``; None from an older sender).
+Origin = tuple[int | None, str | None]
 
 
 class Tuner:
@@ -48,10 +51,10 @@ class Tuner:
         #: per priority class, an alarm on its generations' total seconds (queue wait included)
         self.class_alarms = {priority: LatencyAlarm(threshold, window, opt.alert_interval_s)
                              for priority, threshold in opt.priority_p99_alert_s.items()}
-        self._samples: queue.Queue[tuple[str, int | None, dict]] = queue.Queue(maxsize=_SAMPLE_QUEUE)
+        self._samples: queue.Queue[tuple[str, Origin, dict]] = queue.Queue(maxsize=_SAMPLE_QUEUE)
         self._applied: dict[str, Any] | None = None  # what inference last confirmed running
         self.applied_id: str | None = None
-        self._inference_pid: int | None = None
+        self._inference: Origin | None = None  # the inference process the strategy was pushed to
         self._dirty = False
         self._thermal: dict[str, Any] | None = None
         self._processes: dict[str, dict] = {}  # service -> its latest process figures (pid, RSS, CPU%, queue)
@@ -68,10 +71,11 @@ class Tuner:
             self.policy.outcome(success)
             return self.applied_id
 
-    def offer(self, service: str, pid: int | None, sample: dict) -> bool:
-        """Queue a checked sample for the loop; False when the queue is full."""
+    def offer(self, service: str, origin: Origin, sample: dict) -> bool:
+        """Queue a checked sample from ``origin`` (the process's pid and instance) for the loop; False when the
+        queue is full."""
         try:
-            self._samples.put_nowait((service, pid, sample))
+            self._samples.put_nowait((service, origin, sample))
             return True
         except queue.Full:
             return False
@@ -90,7 +94,7 @@ class Tuner:
     def status(self) -> dict:
         with self._lock:
             return {**self.policy.status(), "applied": self._applied, "settings_id": self.applied_id,
-                    "inference_pid": self._inference_pid, "thermal": self._thermal,
+                    "inference_pid": self._inference[0] if self._inference else None, "thermal": self._thermal,
                     "relief_level": self.relief.level, "processes": dict(self._processes),
                     "by_priority": self.classes.figures()}
 
@@ -171,15 +175,18 @@ class Tuner:
             except queue.Empty:
                 break
         with self._lock:
-            for service, pid, sample in batch:
-                self._take_sample(service, pid, sample)
+            for service, origin, sample in batch:
+                self._take_sample(service, origin, sample)
 
-    def _take_sample(self, service: str, pid: int | None, sample: dict) -> None:
-        if service == "inference" and pid is not None and pid != self._inference_pid:
-            if self._inference_pid is not None:
-                self.log.info("inference_restarted", old_pid=self._inference_pid, pid=pid)
+    def _take_sample(self, service: str, origin: Origin, sample: dict) -> None:
+        """``origin``: the sending process's (pid, instance); a new one of inference is a restarted process, also
+        where the pid repeats (a replaced container's inference has its predecessor's pid)."""
+        pid = origin[0]
+        if service == "inference" and pid is not None and origin != self._inference:
+            if self._inference is not None:
+                self.log.info("inference_restarted", old_pid=self._inference[0], pid=pid)
                 self._applied = None  # a fresh process runs its config defaults: push the strategy again
-            self._inference_pid = pid
+            self._inference = origin
         kind = sample.get("type")
         if kind == "_system":
             self._processes[service] = {"pid": pid, **{k: v for k, v in sample.items() if k != "type"}}
@@ -228,11 +235,11 @@ class Tuner:
 
     def _probe_inference(self, inference: Client) -> None:
         try:
-            pid = inference.health().get("pid")
+            health = inference.health()
         except ServiceError:
             return
         with self._lock:
-            self._take_sample("inference", pid, {"type": "_probe"})
+            self._take_sample("inference", (health.get("pid"), health.get("instance")), {"type": "_probe"})
 
     def _apply(self, inference: Client, wanted: dict[str, Any]) -> bool:
         """Send ``wanted`` to inference; True once it confirmed."""

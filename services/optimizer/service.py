@@ -72,7 +72,7 @@ class OptimizerService(Service):
 
     def _telemetry(self, req: Request, emit: Emitter) -> dict:
         """Queue each valid sample; a bad one is rejected alone (counted, its reason in ``errors``)."""
-        service, pid = req.body["service"], req.body.get("pid")
+        service, origin = req.body["service"], (req.body.get("pid"), req.body.get("instance"))
         if service not in _REPORTING:  # the dicts keyed by service name stay this small
             raise ProtocolError(ErrorCode.BAD_REQUEST, f"telemetry from unknown service {service[:64]!r} "
                                                        f"(known: {', '.join(_REPORTING)})")
@@ -89,7 +89,7 @@ class OptimizerService(Service):
                 continue
             if validate is validate_system:
                 sample["type"] = "_system"
-            if not self.tuner.offer(service, pid, sample):
+            if not self.tuner.offer(service, origin, sample):
                 break
             accepted += 1
         if errors:

@@ -30,6 +30,7 @@ from shared import shm
 from shared.config import Config
 from shared.logs import configure_logging
 from shared.metrics import metrics_for
+from shared.process import INSTANCE
 from shared.protocol import PROTOCOL_VERSION
 from shared.security import private_dir
 from shared.telemetry import NullTelemetry, Telemetry
@@ -151,6 +152,7 @@ class Runtime:
             "ok": workers["workers_ok"],
             "service": self.name,
             "pid": os.getpid(),
+            "instance": INSTANCE,
             "protocol": PROTOCOL_VERSION,
             "uptime_s": round(time.monotonic() - self.workers.started, 3),
             "rss_mb": round(rss / 2**20, 1),

@@ -59,8 +59,9 @@ def generation(settings: dict, settings_id: str, session: str = "s1", decode_tps
             "ttft_s": 0.02, "total_s": 0.02 + 100 / decode_tps}
 
 
-def send_telemetry(optimizer: ServiceProcess, samples: list[dict], pid: int = 4242, service: str = "inference"):
-    ask(optimizer, "telemetry", {"service": service, "pid": pid, "samples": samples})
+def send_telemetry(optimizer: ServiceProcess, samples: list[dict], pid: int = 4242, service: str = "inference",
+                   **body):
+    ask(optimizer, "telemetry", {"service": service, "pid": pid, "samples": samples, **body})
 
 
 def test_tunes_one_knob_at_a_time_and_keeps_what_helps(home):
@@ -71,7 +72,8 @@ def test_tunes_one_knob_at_a_time_and_keeps_what_helps(home):
         wait_for(lambda: ask(inference, "health")["configures"], what="the startup push")
         for _ in range(120):
             health = ask(inference, "health")
-            send_telemetry(optimizer, [generation(health["settings"], health["settings_id"])], pid=health["pid"])
+            send_telemetry(optimizer, [generation(health["settings"], health["settings_id"])], pid=health["pid"],
+                           instance=health["instance"])
             if ask(optimizer, "optimizer.status")["phase"] == "settled":
                 break
             time.sleep(0.03)
@@ -119,6 +121,10 @@ def test_strategy_restored_after_a_full_restart_equals_the_dump(home):
         inference.start()
         health = wait_for(lambda: (h := ask(inference, "health"))["configures"] and h, what="the push after restart")
         assert health["settings"]["spec_draft_tokens"] == 8
+        # ... and a replaced container's, whose inference has its predecessor's pid: its instance id tells them apart
+        send_telemetry(optimizer, [], pid=health["pid"], instance="a-replaced-container", system={"rss_mb": 1.0})
+        wait_for(lambda: len(ask(inference, "health")["configures"]) > len(health["configures"]),
+                 what="the push to a new instance with the same pid")
         with pytest.raises(Exception, match="strategy rejected: version"):
             ask(optimizer, "strategy.set", {"strategy": dict(wanted, version=2)})
     finally:
