@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 from magnitude.fleet.probe import MARKER
 from magnitude.fleet.stack import CONFIG_PATH, ROLE_LABEL
+from services.watchdog.backends import STACK_LABEL
 
-STACK_LABEL = "com.docker.stack.namespace"
 DONE_STATES = {"complete", "failed", "rejected", "shutdown", "orphaned"}
 PROBE_TIMEOUT_S = 120.0
 
