@@ -193,6 +193,7 @@ def make_config(home: Path):
         "agent": {"tools": [{"name": "calculator"}], "max_step_tokens": 96},
         "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data"), "queue_size": 64},
         "metrics": {"base_port": 0},
+        "gateway": {"port": 0},  # the agents use the services; port 8000 may be another stack's
         "watchdog": {"backend": "local", "interval_s": 1.0, "backoff_initial_s": 0.5, "backoff_reset_s": 15.0,
                      "start_timeout_s": 90.0},
     })
