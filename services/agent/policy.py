@@ -4,8 +4,9 @@ The loop (``services/agent/loop.py``) knows no language: it asks its ``StepPolic
 step's tool results, for the tool a step should be asked with, and for a ``Verdict`` on each candidate answer.
 The default policy is built from mechanisms that do not read the user's words:
 
-- **the task's language**, named by the model itself before the first step (a short answer under a JSON
-  schema, outside the run's session); every step is then told to answer in it;
+- **the task's language**, named before the first step by a statistical identifier (``services.agent.language``),
+  or by the model itself where that is unsure (a short answer under a JSON schema, outside the run's session);
+  every step is then told to answer in it, and a candidate answer surely in another language is sent back once;
 - **the model judging its own answer**: right after a candidate answer, in the run's session (its KV warm), the
   model says under a JSON schema whether that reply is the final answer the task asks for, and what is missing;
 - **unread files**: a file the task or the answer names (a path looks the same in every language) is read
@@ -33,7 +34,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Generator
 
-from services.agent import figures
+from services.agent import figures, language
 from shared.arithmetic import evaluate
 from services.agent.english_rules import EnglishRules
 from services.agent.working_memory import PATH, WorkingMemory, lines
@@ -107,15 +108,18 @@ class StepPolicy:
         self.specs = specs
         self.tools = [spec["function"]["name"] for spec in specs]
         self._mentions = mentions(self.tools)
-        self.language: str | None = None  # the task's, as the model named it
+        self.language: str | None = None  # the task's, as the identifier or the model named it
+        self._language_sent_back = False  # a reply in another language is sent back once (a translation stands)
         self.english: EnglishRules | None = None  # the English checks, where they apply to this run
 
     def begin(self) -> Generator[AskModel, Any, None]:
         """Before the first step: the task's language, when a setting needs it."""
         rules = self.settings.english_rules
         if self.settings.answer_language or rules == "english":
-            reply = yield AskModel(LANGUAGE_QUESTION.format(text=self.memory.goal), LANGUAGE_SCHEMA)
-            self.language = reply["language"] if reply else None
+            self.language = language.identify(self.memory.goal, language.TASK)
+            if self.language is None:  # a formula, a name, a word or two: the model names it
+                reply = yield AskModel(LANGUAGE_QUESTION.format(text=self.memory.goal), LANGUAGE_SCHEMA)
+                self.language = reply["language"] if reply else None
         if rules == "always" or (rules == "english" and self.language == "English"):
             self.english = EnglishRules(self.memory)
 
@@ -179,6 +183,9 @@ class StepPolicy:
         if reasons:
             compute = COMPUTE_TOOL in self.tools and bool(english and english.needs_computing(answer))
             return Verdict(reasons, named(COMPUTE_TOOL) if compute else self._tool_in(answer))
+        if written := self._other_language(answer):
+            return Verdict([f"the reply is in {written}, not in {self.language}"],
+                           then=f"Reply with the answer now, in {self.language}.")
         if self.settings.recompute and (reason := (yield from self._recomputed(answer))):
             return Verdict([reason], then="Reply with the answer now.")
         if self.settings.judge:
@@ -188,6 +195,17 @@ class StepPolicy:
                 missing = judged["missing"].strip() or "it is not the final answer yet"
                 return Verdict([missing], self._tool_in(answer))
         return Verdict()
+
+    def _other_language(self, answer: str) -> str | None:
+        """The language ``answer`` is surely written in where that is not the task's, the first time only (None:
+        the same, unsure, or sent back once already: "Say good morning in Spanish" is answered in Spanish)."""
+        if not (self.settings.answer_language and self.language) or self._language_sent_back:
+            return None
+        written = language.identify(answer, language.ANSWER)
+        if written is None or written == self.language:
+            return None
+        self._language_sent_back = True
+        return written
 
     def _recomputed(self, answer: str) -> Generator[AskModel, Any, str | None]:
         """Why ``answer`` does not stand by the arithmetic the model writes for the task (None: it stands, or

@@ -31,8 +31,10 @@ class SandboxLimits(Section):
 class StepPolicyConfig(Section):
     """Which checks steer a run of the agent loop (``services/agent/policy.py``; measured in docs/agents.md)."""
 
-    answer_language: bool = Field(True, description="the model names the task's language before the first step, "
-                                                    "and each step is told to answer in it")
+    answer_language: bool = Field(True, description="the task's language is named before the first step (by a "
+                                                    "statistical identifier; by the model where that is unsure), "
+                                                    "each step is told to answer in it, and a candidate answer "
+                                                    "surely in another language is sent back once")
     judge: bool = Field(True, description="the model judges a candidate answer against the task and what was "
                                           "found (a yes/no under a JSON schema, in the run's session) before it "
                                           "stands")
@@ -46,7 +48,7 @@ class StepPolicyConfig(Section):
                                               "an answer without its value is sent back with it")
     english_rules: Literal["off", "english", "always"] = Field(
         "english", description="the checks that read English words (units, 'how many', 'total'): off; only for "
-                               "a task the model finds to be in English; always")
+                               "a task found to be in English; always")
 
 
 class ToolConfig(Section):

@@ -359,6 +359,25 @@ def test_a_task_in_another_language_is_answered_in_it_and_no_english_rule_reads_
     assert judged["messages"][-1]["content"] == JUDGE_QUESTION.format(language=", written in German")
 
 
+def test_a_reply_in_another_language_than_the_tasks_is_sent_back_once():
+    goal = "Wie viele Tage hat ein Schaltjahr? Antworte bitte kurz."
+    services = Scripted([answer("A leap year has 366 days in total."), answer("Ein Schaltjahr hat 366 Tage.")],
+                        language="English")  # the model would say so; the identifier is sure of German
+    trace = drive(Run(parse_config({}), goal, "s1", 6), services)
+    assert trace.answer == "Ein Schaltjahr hat 366 Tage."
+    assert [s.rejected for s in trace.steps] == ["the reply is in English, not in German", None]
+    assert not any(LANGUAGE_QUESTION.split("{")[0] in r.body["messages"][-1]["content"]
+                   for r in services.requests if r.type == "chat")  # the model was not asked the language
+    assert services.steps()[1].body["messages"][-1]["content"].endswith("Reply with the answer now, in German.")
+    # once: what a task asks in another language ("say it in Spanish") stands when the model keeps to it
+    services = Scripted([answer("Bonjour à toute la famille, passez une bonne journée."),
+                         answer("Bonjour à toute la famille, passez une bonne journée.")])
+    trace = drive(Run(parse_config({}), "How do I say good morning to the whole family in French?", "s1", 6),
+                  services)
+    assert trace.answer.startswith("Bonjour") and [s.rejected for s in trace.steps] == [
+        "the reply is in French, not in English", None]
+
+
 def test_a_figure_nothing_backs_is_sent_back_in_any_language():
     goal = "Wie viel ist 23 * 47?"
     services = Scripted([answer("Das sind 1000."),
