@@ -244,13 +244,16 @@ class Tool(Wire, kw_only=True):
     function: FunctionSpec
 
 
-class ToolName(Wire, kw_only=True):
+class ChosenFunction(Wire, kw_only=True):
     name: Annotated[str, Meta(max_length=MAX_TOOL_NAME_CHARS)]
+    #: Magnitude's own: a narrower schema the call's arguments are decoded under (the tool as the prompt shows it
+    #: stays the same, and so does the prompt's KV); None: the tool's own.
+    parameters: dict[str, Any] | None = None
 
 
 class NamedToolChoice(Wire, kw_only=True):
     type: Literal["function"]
-    function: ToolName
+    function: ChosenFunction
 
 
 class JsonSchemaSpec(Wire, kw_only=True):

@@ -87,9 +87,11 @@ class Verdict:
     then: str = "Call the tool for the missing step."
 
 
-def named(tool: str) -> dict:
-    """The ``tool_choice`` that asks for one tool."""
-    return {"type": "function", "function": {"name": tool}}
+def named(tool: str, parameters: dict | None = None) -> dict:
+    """The ``tool_choice`` that asks for one tool (its arguments under ``parameters``, a narrower schema than the
+    tool's own, when given: protocol.ChosenFunction)."""
+    function = {"name": tool} if parameters is None else {"name": tool, "parameters": parameters}
+    return {"type": "function", "function": function}
 
 
 def mentions(names: list[str]) -> re.Pattern[str]:
@@ -149,18 +151,38 @@ class StepPolicy:
     def first_choice(self) -> dict | None:
         """The tool a step is asked with before the model has what the task names: the reader while the task
         names a file not read yet (a small model otherwise reaches for another tool)."""
-        return self.reader() if self.to_read("") else None
+        return self.reader(unread) if (unread := self.to_read("")) else None
 
-    def reader(self) -> dict | None:
-        """The tool_choice that reads a file: the tool an earlier call gave a path, else one with a path-like
-        parameter, else none (the model picks)."""
+    def reader(self, paths: list[str]) -> dict | None:
+        """The tool_choice that reads one of ``paths``: the tool an earlier call gave a path, else one with a
+        path-like parameter, else none (the model picks). The path is decoded under a schema that admits those
+        paths only: a small model otherwise writes the path in other words ("cocina/sopa.md" as
+        "kitchen/sopa.md", "Lies recipes/soup.txt"), and reading what does not exist leads nowhere."""
         for tool, arguments, _ in self.memory.facts:
-            if PATH.search(arguments):
-                return named(tool)
+            try:
+                given = json.loads(arguments)
+            except json.JSONDecodeError:
+                continue
+            for parameter, value in given.items() if isinstance(given, dict) else ():
+                if isinstance(value, str) and PATH.search(value):
+                    return named(tool, self._holding(tool, parameter, paths))
         for spec in self.specs:
-            if any(p in ("path", "file", "filename") for p in spec["function"]["parameters"].get("properties", {})):
-                return named(spec["function"]["name"])
+            for parameter in spec["function"]["parameters"].get("properties", {}):
+                if parameter in ("path", "file", "filename"):
+                    return named(spec["function"]["name"], self._holding(spec["function"]["name"], parameter, paths))
         return None
+
+    def _holding(self, tool: str, parameter: str, paths: list[str]) -> dict | None:
+        """``tool``'s parameters with ``parameter`` held to ``paths`` (None: the tool is not offered)."""
+        spec = next((s["function"] for s in self.specs if s["function"]["name"] == tool), None)
+        if spec is None:
+            return None
+        parameters = spec.get("parameters") or {"type": "object", "properties": {}}
+        if parameters.get("properties", {}).get(parameter, {}).get("type", "string") != "string":
+            return None  # a caller's tool that takes its path otherwise: its own schema
+        required = list(dict.fromkeys([*parameters.get("required", []), parameter]))
+        return {**parameters, "properties": {**parameters.get("properties", {}),
+                                             parameter: {"type": "string", "enum": paths}}, "required": required}
 
     def intended_tool(self, text: str) -> str | None:
         """The tool a reply names in prose instead of calling it."""
@@ -179,7 +201,7 @@ class StepPolicy:
         reasons = [f"{path} has not been read yet" for path in unread] + (
             english.unmet(answer) if english else self._unbacked(answer))
         if unread:
-            return Verdict(reasons, self.reader())
+            return Verdict(reasons, self.reader(unread))
         if reasons:
             compute = COMPUTE_TOOL in self.tools and bool(english and english.needs_computing(answer))
             return Verdict(reasons, named(COMPUTE_TOOL) if compute else self._tool_in(answer))

@@ -90,7 +90,7 @@ def chat_request(req: ChatCompletionRequest, owner: str | None, priority: Priori
         messages=[_message(m) for m in req.messages],
         tools=[_tool(t) for t in req.tools] if req.tools else None,
         tool_choice=(req.tool_choice if isinstance(req.tool_choice, str) or req.tool_choice is None
-                     else wire.NamedToolChoice(type="function", function=wire.ToolName(name=req.tool_choice.function.name))),
+                     else wire.NamedToolChoice(type="function", function=wire.ChosenFunction(name=req.tool_choice.function.name))),
         response_format=_format(req.response_format),
         **sampling(req, req.max_completion_tokens or req.max_tokens, owner, priority))
 

@@ -26,8 +26,8 @@ from llama_cpp import _internals
 
 from services.inference.chat_template import ChatTemplate, Segment
 from services.inference.constraint import Constraint, Vocabulary, check_schema
-from services.inference.tool_calls import (OPEN, ParsedCall, Tool, answer_or_calls_grammar, scan, tagged_grammar,
-                                           tool_table, triggers)
+from services.inference.tool_calls import (OPEN, ParsedCall, Tool, answer_or_calls_grammar, checked_tool, scan,
+                                           tagged_grammar, tool_table, triggers)
 from shared import protocol
 from shared.protocol import bad_request, finish_reason, unsent_text
 
@@ -71,17 +71,20 @@ def _messages(raw: list[protocol.Message]) -> list[dict]:
     return out
 
 
-def _tool_choice(choice: str | protocol.NamedToolChoice | None, tools: dict[str, Tool]) -> tuple[str, str | None]:
-    """("auto" | "none" | "required" | "named", the named tool)."""
+def _tool_choice(choice: str | protocol.NamedToolChoice | None, tools: dict[str, Tool]) -> tuple[str, Tool | None]:
+    """("auto" | "none" | "required" | "named", the named tool, under the narrower parameters it is named with)."""
     if choice is None:
         return ("auto" if tools else "none"), None
     if isinstance(choice, str):
         if choice != "none" and not tools:
             raise bad_request(f"tool_choice {choice!r} needs tools")
         return choice, None
-    if choice.function.name not in tools:
-        raise bad_request(f"tool_choice names {choice.function.name!r}, which is none of the tools")
-    return "named", choice.function.name
+    name, narrower = choice.function.name, choice.function.parameters
+    if name not in tools:
+        raise bad_request(f"tool_choice names {name!r}, which is none of the tools")
+    if narrower is None:
+        return "named", tools[name]
+    return "named", checked_tool(name, narrower, "tool_choice.function.parameters")
 
 
 def _response_schema(fmt: protocol.ResponseFormat | None) -> dict | None:
@@ -267,11 +270,11 @@ def prepare_turn(body: protocol.ChatRequest, cm: ChatModel, vocab: Vocabulary,
                     choice != "none" and bool(tools), emit)
 
 
-def _constraint(vocab: Vocabulary, tools: dict[str, Tool], choice: str, named: str | None,
+def _constraint(vocab: Vocabulary, tools: dict[str, Tool], choice: str, named: Tool | None,
                 schema: dict | None) -> Constraint:
     """What the reply may be; with no rule at all, a constraint that allows everything and records the tokens."""
     if choice in ("required", "named"):
-        only = {named: tools[named]} if named else tools
+        only = {named.name: named} if named else tools
         return Constraint(vocab, tagged_grammar(only, vocab, single=named is not None))
     if schema is not None:
         return Constraint(vocab, answer_or_calls_grammar(schema, tools if choice == "auto" else None, vocab))

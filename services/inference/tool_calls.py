@@ -50,19 +50,26 @@ def tool_table(tools: list[protocol.Tool]) -> dict[str, Tool]:
     total = 0
     for i, tool in enumerate(tools):
         fn = tool.function
-        params = {"type": "object", "properties": {}} if fn.parameters is None else fn.parameters
-        check_schema(params, f"tools[{i}].function.parameters")
-        total += len(json.dumps(params))
+        checked = checked_tool(fn.name, fn.parameters, f"tools[{i}].function.parameters")
+        total += len(json.dumps(checked.parameters))
         if total > MAX_TOOLS_BYTES:
             raise bad_request(f"the tools' schemas are over {MAX_TOOLS_BYTES // 1024} KiB together")
-        try:
-            validator = linear_validator(params)
-        except jsonschema.SchemaError as err:
-            raise bad_request(f"tools[{i}].function.parameters is not a valid JSON schema: {err.message[:200]}") from None
         if fn.name in table:
             raise bad_request(f"tools[{i}]: two tools are named {fn.name!r}")
-        table[fn.name] = Tool(fn.name, params, validator)
+        table[fn.name] = checked
     return table
+
+
+def checked_tool(name: str, parameters: dict | None, where: str) -> Tool:
+    """A tool whose ``parameters`` are a bounded, valid JSON schema (None: no parameters); ``where`` names them
+    in the error."""
+    params = {"type": "object", "properties": {}} if parameters is None else parameters
+    check_schema(params, where)
+    try:
+        validator = linear_validator(params)
+    except jsonschema.SchemaError as err:
+        raise bad_request(f"{where} is not a valid JSON schema: {err.message[:200]}") from None
+    return Tool(name, params, validator)
 
 
 # --- grammars -----------------------------------------------------------------------------
