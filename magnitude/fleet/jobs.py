@@ -19,6 +19,7 @@ from typing import Any, Callable
 from magnitude.fleet.probe import MARKER
 from magnitude.fleet.stack import CONFIG_PATH, ROLE_LABEL
 from services.watchdog.backends import STACK_LABEL
+from shared import docker_api
 
 DONE_STATES = {"complete", "failed", "rejected", "shutdown", "orphaned"}
 PROBE_TIMEOUT_S = 120.0
@@ -30,14 +31,13 @@ class FleetError(RuntimeError):
 
 
 def swarm_client() -> Any:
-    import docker
-
+    """A client of this engine's Docker API, which must be a Swarm manager's; else FleetError saying so."""
     try:
-        client = docker.from_env()  # type: ignore[attr-defined]
-        if client.info()["Swarm"].get("ControlAvailable") is not True:
-            raise FleetError("this engine is not a Swarm manager: run `magnitude fleet` on a manager node")
-    except docker.errors.DockerException as err:  # type: ignore[attr-defined]
-        raise FleetError(f"cannot reach the Docker API ({err})") from None
+        client = docker_api.docker_client()
+    except docker_api.DockerUnreachable as err:
+        raise FleetError(str(err)) from None
+    if client.info()["Swarm"].get("ControlAvailable") is not True:
+        raise FleetError("this engine is not a Swarm manager: run `magnitude fleet` on a manager node")
     return client
 
 

@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 import psutil
 
-from shared import process
+from shared import docker_api, process
 from services.watchdog.priority import pin_process, renice_process
 from shared.config import Config
 from shared.config.operations import BACKEND_KINDS, WATCHDOG_BACKEND_ENV
@@ -216,16 +216,10 @@ class SwarmBackend(DockerBackend):
 
 def docker_client() -> Any:
     """A client of the docker API (DOCKER_HOST, else the socket), or ValueError saying why there is none."""
-    import docker  # only the docker backend needs the SDK and a socket
-
-    # The "attr-defined" ignores here and below: mypy takes the repository's docker/ folder (no __init__.py) for
-    # this import, as the SDK ships no type information; at run time the installed SDK is imported.
     try:
-        client = docker.from_env()  # type: ignore[attr-defined]
-        client.ping()
-    except docker.errors.DockerException as err:  # type: ignore[attr-defined]
-        raise ValueError(f"watchdog.backend docker: cannot reach the docker API ({err})") from None
-    return client
+        return docker_api.docker_client()
+    except docker_api.DockerUnreachable as err:
+        raise ValueError(f"watchdog.backend docker: {err}") from None
 
 
 def own_container_labels(client: Any) -> dict[str, str]:
@@ -234,7 +228,7 @@ def own_container_labels(client: Any) -> dict[str, str]:
 
     try:  # a container's hostname is its short id
         return client.containers.get(socket.gethostname()).labels or {}
-    except docker.errors.DockerException:  # type: ignore[attr-defined]
+    except docker.errors.DockerException:  # type: ignore[attr-defined]  # (why: shared/docker_api.py)
         return {}
 
 

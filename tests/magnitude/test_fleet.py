@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import yaml
 
 from magnitude.fleet.stack import API_KEYS_SECRET, ROLE_LABEL, SWARM_DROPS, write_stack
@@ -61,3 +62,22 @@ def test_the_split_stack_puts_inference_beside_its_optimizer_and_gives_each_side
     assert services["inference"]["configs"][0]["source"] == "magnitude_config_inference"
     assert {c for c in stack["configs"]} == {"magnitude_config", "magnitude_config_inference",
                                              "magnitude_config_optimizer"}
+
+
+def test_the_fleet_commands_say_why_they_have_no_swarm_manager(monkeypatch, tmp_path):
+    import docker
+
+    from magnitude.fleet.jobs import FleetError, swarm_client
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
+    with pytest.raises(FleetError, match=r"^cannot reach the Docker API \("):
+        swarm_client()
+
+    class Worker:  # an engine that answers, in a swarm but not its manager
+        def ping(self):
+            return True
+
+        def info(self):
+            return {"Swarm": {"LocalNodeState": "active", "ControlAvailable": False}}
+    monkeypatch.setattr(docker, "from_env", Worker)
+    with pytest.raises(FleetError, match="not a Swarm manager"):
+        swarm_client()

@@ -336,7 +336,7 @@ def test_backend_choice_and_an_unreachable_docker_api(monkeypatch, tmp_path):
     monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")
     config = parse_config({"watchdog": {"backend": "docker"}})
     assert backends.choose_backend(config) == ("docker", "watchdog.backend")
-    with pytest.raises(ValueError, match="cannot reach the docker API"):
+    with pytest.raises(ValueError, match="watchdog.backend docker: cannot reach the Docker API"):
         backends.make_backend("docker", config, None)
 
 
