@@ -81,3 +81,34 @@ def test_the_fleet_commands_say_why_they_have_no_swarm_manager(monkeypatch, tmp_
     monkeypatch.setattr(docker, "from_env", Worker)
     with pytest.raises(FleetError, match="not a Swarm manager"):
         swarm_client()
+
+
+def test_fleet_status_shows_each_service_once_per_node_with_its_task_and_its_health(monkeypatch, capsys):
+    """Swarm's task view and the probes' health are merged: one row per node and service, both sides of a split
+    stack placed on one node included (two probes answer for it), a node without the stack one line."""
+    from magnitude import fleet_cli
+    from magnitude.fleet import jobs
+    robots, inference = ["embedding", "gateway", "watchdog"], ["inference", "optimizer"]
+    monkeypatch.setattr(jobs, "swarm_view", lambda client, stack: {
+        "box": {"role": "robot", "state": "ready", "availability": "active",
+                "tasks": {name: "running" for name in robots + inference}},
+        "spare": {"role": None, "state": "ready", "availability": "active", "tasks": {}}})
+    monkeypatch.setattr(jobs, "placement_groups", lambda client, stack: [("embedding", robots),
+                                                                          ("inference", inference)])
+
+    def probe(client, stack, args, beside, progress):  # a probe asks every service of its node
+        return [{"node": "box", "what": "status", "decode_tps": 9.5 if beside == "inference" else None,
+                 "strategy_age_s": 30.0, "services": {name: {"healthy": name != "tools", "error": None}
+                                                      for name in robots + inference + ["tools"]}}]
+    monkeypatch.setattr(jobs, "run_probe", probe)
+    status = fleet_cli.fleet_status(None, "magnitude")
+    box = status["nodes"]["box"]
+    assert box["services"] == {name: {"task": "running", "healthy": True, "error": None}
+                               for name in robots + inference}
+    assert (box["decode_tps"], box["strategy_age_s"]) == (9.5, 30.0)
+    assert status["nodes"]["spare"]["services"] == {}
+    fleet_cli._print_status(status)
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert sorted(row.split()[1] for row in rows if row.startswith("box ")) == sorted(robots + inference)
+    assert [row for row in rows if row.startswith("spare ")] == ["spare            (role -, ready: runs none of "
+                                                                 "the stack)"]
