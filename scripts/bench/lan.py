@@ -22,23 +22,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import yaml
-
 from scripts.bench.common import stop_services_on_sigterm
+from scripts.bench.lan_boxes import BOX_ENDPOINTS, MOUNT, Lan, LanError, docker, prepare
 from scripts.bench.stats import median, ratio
 from shared import catalog
-from shared.security import create_keys
 
-NETWORK, SUBNET, BOX_IP, ROBOT_IP = "mag-lan-bench", "172.30.98.0/24", "172.30.98.10", "172.30.98.20"
+NETWORK, PREFIX = "mag-lan-bench", "172.30.98"  # the box at .10, the robot at .20
 BOX, ROBOT = "mag-lan-bench-box", "mag-lan-bench-robot"
-SERVICE_UID = 10001
 
 #: The client's side (run in a container): one warm-up chat, then the timed ones; one JSON line.
 CLIENT = """
@@ -63,58 +57,16 @@ print(json.dumps({"ttft_s": ttft, "decode_tps": tps}))
 """
 
 
-def docker(*args: str, check: bool = True) -> str:
-    out = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=600)
-    if check and out.returncode != 0:
-        raise SystemExit(f"docker {' '.join(args[:3])} ...: {out.stderr.strip()[-1500:]}")
-    return out.stdout
-
-
-def prepare(home: Path, model: Path, threads: int) -> None:
-    """Keys, the model and the three configurations under ``home`` (mounted at /lan), owned by the image's user."""
-    create_keys(home / "keys", ["robot"])
-    (home / "robot-side").mkdir()
-    shutil.copy(home / "keys" / "server.key", home / "robot-side")
-    shutil.copy(home / "keys" / "client-robot.key_secret", home / "robot-side")
-    (home / "models").mkdir()
-    shutil.copy(model, home / "models")
-    engine = {"model_path": f"/lan/models/{model.name}", "n_threads": threads, "self_optimize": False}
-    common = {"data_dir": "/lan/box-data", "keys_dir": "/lan/keys"}
-    sides = {"box-ipc": {**common, "runtime_dir": "/lan/box-run"},
-             "box-tcp": {**common, "runtime_dir": "/lan/box-run", "endpoints": {"inference": "tcp://0.0.0.0:5555"}},
-             "robot": {"runtime_dir": "/lan/robot-run", "keys_dir": "/lan/robot-side", "client_key": "robot",
-                       "endpoints": {"inference": f"tcp://{BOX_IP}:5555"}}}
-    for name, runtime in sides.items():
-        document = {"runtime": runtime, "metrics": {"enabled": False}}
-        (home / f"{name}.yaml").write_text(yaml.safe_dump({**document, "engine": engine} if name != "robot"
-                                                          else document))
-    for path in (home, *home.rglob("*")):
-        os.chown(path, SERVICE_UID, SERVICE_UID)
-        if path.is_dir():
-            path.chmod(0o700)
-
-
-def start_box(image: str, home: Path, side: str) -> None:
-    docker("rm", "-f", BOX, check=False)
-    docker("run", "-d", "--name", BOX, "--network", NETWORK, "--ip", BOX_IP, "--cpus", "2", "-v", f"{home}:/lan",
-           "-e", f"MAGNITUDE_CONFIG=/lan/box-{side}.yaml", image, "python", "-m", "services.inference")
-    deadline = time.monotonic() + 180
-    while "service_started" not in subprocess.run(["docker", "logs", BOX], capture_output=True, text=True).stderr:
-        if time.monotonic() > deadline:
-            raise SystemExit(f"inference did not start: {docker('logs', '--tail', '20', BOX)}")
-        time.sleep(0.5)
-
-
-def measure(image: str, home: Path, side: str, chats: int, max_tokens: int) -> dict:
+def measure(lan: Lan, side: str, chats: int, max_tokens: int) -> dict:
     """One rep of one side: a fresh inference container, then the client's timed chats."""
-    start_box(image, home, "ipc" if side == "same box" else "tcp")
+    config = "box-ipc.yaml" if side == "same box" else "box-tcp.yaml"
+    lan.start_box(BOX, config, timeout_s=180, options=("--cpus", "2"))
     client = ["python", "-c", CLIENT, str(chats), str(max_tokens)]
     if side == "same box":
-        out = docker("exec", "-e", "MAGNITUDE_CONFIG=/lan/box-ipc.yaml", BOX, *client)
+        out = docker("exec", "-e", f"MAGNITUDE_CONFIG={MOUNT}/{config}", BOX, *client)
     else:
         docker("rm", "-f", ROBOT, check=False)
-        out = docker("run", "--rm", "--name", ROBOT, "--network", NETWORK, "--ip", ROBOT_IP, "-v", f"{home}:/lan",
-                     "-e", "MAGNITUDE_CONFIG=/lan/robot.yaml", image, *client)
+        out = lan.run(ROBOT, lan.robot_ip, "robot.yaml", *client, detach=False)
     found = json.loads(out.strip().splitlines()[-1])
     return {"ttft_s": median(found["ttft_s"]), "decode_tps": median(found["decode_tps"])}
 
@@ -135,18 +87,19 @@ def main(argv: list[str] | None = None) -> int:
     stop_services_on_sigterm()
     results: dict[str, list[dict]] = {"same box": [], "across": []}
     with tempfile.TemporaryDirectory(prefix="maglan") as tmp:
-        home = Path(tmp)
-        prepare(home, Path(args.model), args.threads)
-        docker("network", "rm", NETWORK, check=False)
-        docker("network", "create", "--subnet", SUBNET, NETWORK)
+        lan = Lan(NETWORK, PREFIX, Path(tmp), args.image)
+        prepare(lan.home, Path(args.model), {"n_threads": args.threads, "self_optimize": False},
+                {"box-ipc": {}, "box-tcp": {"endpoints": BOX_ENDPOINTS}}, lan.box_ip)
         try:
+            lan.create()
             for rep in range(args.reps):
                 for side in results:
                     print(f"rep {rep + 1}/{args.reps}: {side} ...", file=sys.stderr, flush=True)
-                    results[side].append(measure(args.image, home, side, args.chats, args.max_tokens))
+                    results[side].append(measure(lan, side, args.chats, args.max_tokens))
+        except LanError as err:
+            raise SystemExit(str(err)) from None
         finally:
-            docker("rm", "-f", BOX, ROBOT, check=False)
-            docker("network", "rm", NETWORK, check=False)
+            lan.remove(BOX, ROBOT)
     print(f"\nmodel {Path(args.model).name}, image {args.image}, {args.threads} threads, {args.chats} chats of "
           f"{args.max_tokens} tokens per rep, median of {args.reps} rep(s) per side")
     print(f"{'metric':<16} {'same box':>10} {'across':>10} {'ratio':>7}")

@@ -13,24 +13,19 @@ Needs what the other Docker tests need (tests/system/conftest.py) and the base m
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import time
 
 import pytest
-import yaml
 
+from scripts.bench.lan_boxes import BOX_ENDPOINTS, Lan, prepare
 from shared.client import LINK_TIMEOUT_MS
-from shared.security import create_keys
 from tests.conftest import MODEL_PATH, REPORT
 from tests.system.conftest import IMAGE, run
 
 pytestmark = [pytest.mark.docker, pytest.mark.model]
 
-NETWORK = "mag-lan-e2e"
-SUBNET, BOX_IP, ROBOT_IP = "172.30.99.0/24", "172.30.99.10", "172.30.99.20"
+NETWORK, PREFIX = "mag-lan-e2e", "172.30.99"  # the box at .10, the robot at .20, the stranger at .30
 BOX, ROBOT, STRANGER = "mag-lan-box", "mag-lan-robot", "mag-lan-stranger"
-SERVICE_UID = 10001
 LINK_DOWN_S = 10
 FINISHED_WITHIN_S = 150
 
@@ -57,15 +52,6 @@ except ServiceError as err:
 """
 
 
-def _config(path, runtime: dict, **sections) -> None:
-    path.write_text(yaml.safe_dump({"runtime": runtime, "metrics": {"enabled": False}, **sections}))
-
-
-def docker_run(name: str, ip: str, home, config: str, *command: str) -> None:
-    run("docker", "run", "-d", "--name", name, "--network", NETWORK, "--ip", ip, "-v", f"{home}:/lan",
-        "-e", f"MAGNITUDE_CONFIG=/lan/{config}", IMAGE, *command)
-
-
 def lines(name: str) -> list[dict]:
     return [json.loads(line) for line in run("docker", "logs", name).stdout.splitlines() if line.startswith("{")]
 
@@ -77,57 +63,29 @@ def wait_exit(name: str, timeout_s: float) -> None:
         time.sleep(1)
 
 
-def remove() -> None:
-    run("docker", "rm", "-f", BOX, ROBOT, STRANGER, check=False)
-    run("docker", "network", "rm", NETWORK, check=False)
-
-
 @pytest.fixture(scope="module")
 def lan(image, tmp_path_factory):
     """The box serving inference on the network, and the robot's and a stranger's configurations."""
-    home = tmp_path_factory.mktemp("lan")
-    create_keys(home / "keys", ["robot"])
-    create_keys(home / "stranger-keys", ["stranger"])  # a keypair of its own, unknown to the box
-    for client, keys in (("robot", "keys"), ("stranger", "stranger-keys")):
-        (home / f"{client}-side").mkdir()
-        shutil.copy(home / "keys" / "server.key", home / f"{client}-side" / "server.key")
-        shutil.copy(home / keys / f"client-{client}.key_secret", home / f"{client}-side")
-    (home / "models").mkdir()
-    shutil.copy(MODEL_PATH, home / "models")
-    endpoint = f"tcp://{BOX_IP}:5555"
-    _config(home / "box.yaml", {"runtime_dir": "/lan/box-run", "data_dir": "/lan/box-data", "keys_dir": "/lan/keys",
-                                "endpoints": {"inference": "tcp://0.0.0.0:5555"}},
-            engine={"model_path": f"/lan/models/{MODEL_PATH.name}", "n_ctx": 1024, "decode_pause_ms": 40,
-                    "self_optimize": False})
-    for client in ("robot", "stranger"):
-        _config(home / f"{client}.yaml", {"runtime_dir": f"/lan/{client}-run", "keys_dir": f"/lan/{client}-side",
-                                          "client_key": client, "endpoints": {"inference": endpoint}})
-    for path in (home, *home.rglob("*")):
-        os.chown(path, SERVICE_UID, SERVICE_UID)
-        if path.is_dir():
-            path.chmod(0o700)
-    remove()
-    run("docker", "network", "create", "--subnet", SUBNET, NETWORK)
+    lan = Lan(NETWORK, PREFIX, tmp_path_factory.mktemp("lan"), IMAGE)
+    prepare(lan.home, MODEL_PATH, {"n_ctx": 1024, "decode_pause_ms": 40, "self_optimize": False},
+            {"box": {"endpoints": BOX_ENDPOINTS}}, lan.box_ip, strangers=("stranger",))
     try:
-        docker_run(BOX, BOX_IP, home, "box.yaml", "python", "-m", "services.inference")
-        deadline = time.monotonic() + 120
-        while "service_started" not in (logs := run("docker", "logs", BOX)).stderr:  # its log is its stderr
-            assert time.monotonic() < deadline, logs.stderr[-3000:]
-            time.sleep(1)
-        yield home
+        lan.create(BOX, ROBOT, STRANGER)
+        lan.start_box(BOX, "box.yaml", timeout_s=120)
+        yield lan
     finally:
-        remove()
+        lan.remove(BOX, ROBOT, STRANGER)
 
 
 def test_a_stream_across_the_link_survives_a_10_s_drop_or_ends_in_a_clear_error(lan):
-    docker_run(ROBOT, ROBOT_IP, lan, "robot.yaml", "python", "-c", ROBOT_STREAM)
+    lan.run(ROBOT, lan.robot_ip, "robot.yaml", "python", "-c", ROBOT_STREAM)
     deadline = time.monotonic() + 120
     while not any(line.get("first") for line in lines(ROBOT)):
         assert time.monotonic() < deadline and not any("error" in line for line in lines(ROBOT)), lines(ROBOT)
         time.sleep(0.5)
     run("docker", "network", "disconnect", NETWORK, ROBOT)
     time.sleep(LINK_DOWN_S)
-    run("docker", "network", "connect", "--ip", ROBOT_IP, NETWORK, ROBOT)
+    run("docker", "network", "connect", "--ip", lan.robot_ip, NETWORK, ROBOT)
     back_at = time.monotonic()
     wait_exit(ROBOT, FINISHED_WITHIN_S)
     end = lines(ROBOT)[-1]
@@ -142,7 +100,7 @@ def test_a_link_down_longer_than_the_heartbeat_allows_ends_the_request_unavailab
     """The client pings the box (shared.client.LINK_TIMEOUT_MS): a dead link is known in 20 s, not at the 60 s
     timeout, and said as such."""
     run("docker", "rm", "-f", ROBOT, check=False)
-    docker_run(ROBOT, ROBOT_IP, lan, "robot.yaml", "python", "-c", ROBOT_STREAM)
+    lan.run(ROBOT, lan.robot_ip, "robot.yaml", "python", "-c", ROBOT_STREAM)
     deadline = time.monotonic() + 120
     while not any(line.get("first") for line in lines(ROBOT)):
         assert time.monotonic() < deadline, lines(ROBOT)
@@ -152,7 +110,7 @@ def test_a_link_down_longer_than_the_heartbeat_allows_ends_the_request_unavailab
     try:
         wait_exit(ROBOT, LINK_TIMEOUT_MS / 1000 + 20)
     finally:
-        run("docker", "network", "connect", "--ip", ROBOT_IP, NETWORK, ROBOT, check=False)
+        run("docker", "network", "connect", "--ip", lan.robot_ip, NETWORK, ROBOT, check=False)
     end = lines(ROBOT)[-1]
     assert end.get("error") == "unavailable" and "link was lost" in end["message"], end
     REPORT.append(f"lan e2e: the link down for good mid-stream: 'unavailable' after {time.monotonic() - dropped_at:.0f} s "
@@ -160,7 +118,7 @@ def test_a_link_down_longer_than_the_heartbeat_allows_ends_the_request_unavailab
 
 
 def test_a_client_whose_key_the_box_does_not_know_is_refused(lan):
-    docker_run(STRANGER, "172.30.99.30", lan, "stranger.yaml", "python", "-c", ROBOT_STREAM)
+    lan.run(STRANGER, lan.ip(30), "stranger.yaml", "python", "-c", ROBOT_STREAM)
     wait_exit(STRANGER, 90)
     [end] = lines(STRANGER)
     assert end.get("error") == "unauthorized" and "CURVE" in end["message"], end
