@@ -79,7 +79,7 @@ def _print_status(status: dict[str, Any]) -> None:
             print(f"{hostname:<16} {name:<10} {svc.get('task') or '-':<9} {health:<10} "
                   f"{svc.get('queue_depth', '-'):>5} {(f'{tps:.1f}' if tps and name == 'inference' else '-'):>6} "
                   f"{(f'{age:.0f} s' if age is not None and name == 'optimizer' else '-'):>12}  "
-                  f"{svc.get('model', '')}{'  ' + svc['error'] if svc.get('error') else ''}")
+                  f"{svc.get('model') or ''}{'  ' + svc['error'] if svc.get('error') else ''}")
 
 
 def cmd_status(args, config) -> int:
