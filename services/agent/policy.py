@@ -203,8 +203,13 @@ class StepPolicy:
         if unread:
             return Verdict(reasons, self.reader(unread))
         if reasons:
-            compute = COMPUTE_TOOL in self.tools and bool(english and english.needs_computing(answer))
-            return Verdict(reasons, named(COMPUTE_TOOL) if compute else self._tool_in(answer))
+            if COMPUTE_TOOL in self.tools and english and english.needs_computing(answer):
+                return Verdict(reasons, named(COMPUTE_TOOL))
+            # an answer with figures nothing backs (a formula, a guess) is told to compute with a tool: it is asked
+            # with one, the tool it names, else the calculator (asked freely, a small model writes the formula again)
+            invents = bool(english.invented(answer)) and not english.counting() if english else bool(reasons)
+            choice = self._tool_in(answer) or (named(COMPUTE_TOOL) if invents and COMPUTE_TOOL in self.tools else None)
+            return Verdict(reasons, choice)
         if written := self._other_language(answer):
             return Verdict([f"the reply is in {written}, not in {self.language}"],
                            then=f"Reply with the answer now, in {self.language}.")

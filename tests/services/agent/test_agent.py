@@ -272,7 +272,8 @@ def test_a_number_no_tool_gave_is_sent_back_at_most_answer_checks_times():
     trace = drive(Run(parse_config({}), goal, "s1", 6), services)
     assert trace.answer == "It is 1081." and [bool(s.rejected) for s in trace.steps] == [True, True, False, False]
     assert trace.steps[0].rejected == "1000 was not read or computed with a tool; compute with a tool"
-    assert [r.body["tool_choice"] for r in services.steps()] == ["auto"] * 4
+    calculator = {"type": "function", "function": {"name": "calculator"}}  # "compute with a tool": asked with it
+    assert [r.body["tool_choice"] for r in services.steps()] == ["auto", calculator, calculator, "auto"]
     # with the checks spent, a made-up number stands: the run ends with an answer, not in a loop
     services = Scripted([answer("It is 1000."), answer("It is 1001.")])
     trace = drive(Run(parse_config({"agent": {"answer_checks": 1}}), goal, "s1", 6), services)
