@@ -466,6 +466,7 @@ class ToolCallInput(_Request):
     name: str = Field(max_length=MAX_CALL_NAME_CHARS)
     arguments: str = Field(max_length=MAX_PROMPT_CHARS)
     output: str = Field(max_length=MAX_PROMPT_CHARS)
+    content: list = Field(default_factory=list, max_length=0)  # as the output item carries it: always empty
 
 
 class FunctionCallOutput(_Request):
@@ -564,6 +565,9 @@ class ToolCallItem(_Reply):
     output: str
     error: str | None = None
     status: Literal["in_progress", "completed", "failed"]
+    #: Always empty: an SDK that reads an item type it does not know as a message (the openai SDK's union falls
+    #: back to one) then finds a message with nothing in it, not ``content: null`` (pydantic-ai fails on that).
+    content: list = Field(default_factory=list)
     step: int
 
 
