@@ -220,7 +220,7 @@ class EnglishRules:
         if not expressions:
             return []
         used = {v for e in expressions for _, v in _values(e)}
-        goal = PATH.sub(" ", self.goal)  # the 2026 of bills/water-2026.txt is a name, not a figure to use
+        goal = PATH.sub(" ", self.goal)  # the 2024 of reports/power-2024.txt is a name, not a figure to use
         figures = _values(goal) + [(m.group(), _TIMES[m.group().lower()]) for m in _TIMES_WORD.finditer(goal)]
         return list(dict.fromkeys(w for w, v in figures if v not in used))
 

@@ -12,7 +12,7 @@ from functools import cache
 
 #: py3langid's normalized probability (over every language it knows) from which a task's language counts as
 #: known: on the tune and false-positive sets' 106 tasks, every task above it was named right, and the two it
-#: named wrong (a formula, "Is 17 a prime number?") scored 0.02 and 0.11. Close languages share the mass: a
+#: named wrong (a formula and a five-word question) scored 0.02 and 0.11. Close languages share the mass: a
 #: plain Spanish sentence can score 0.7.
 TASK = 0.5
 #: The probability from which an answer counts as surely in a language: sending a right answer back costs a step.

@@ -156,8 +156,8 @@ class StepPolicy:
     def reader(self, paths: list[str]) -> dict | None:
         """The tool_choice that reads one of ``paths``: the tool an earlier call gave a path, else one with a
         path-like parameter, else none (the model picks). The path is decoded under a schema that admits those
-        paths only: a small model otherwise writes the path in other words ("cocina/sopa.md" as
-        "kitchen/sopa.md", "Lies recipes/soup.txt"), and reading what does not exist leads nowhere."""
+        paths only: a small model otherwise writes the path in other words ("notas/pan.md" as
+        "notes/bread.md", "Lies notes/bread.md"), and reading what does not exist leads nowhere."""
         for tool, arguments, _ in self.memory.facts:
             try:
                 given = json.loads(arguments)

@@ -366,11 +366,11 @@ def test_a_task_in_another_language_is_answered_in_it_and_no_english_rule_reads_
 
 
 def test_a_reply_in_another_language_than_the_tasks_is_sent_back_once():
-    goal = "Wie viele Tage hat ein Schaltjahr? Antworte bitte kurz."
-    services = Scripted([answer("A leap year has 366 days in total."), answer("Ein Schaltjahr hat 366 Tage.")],
+    goal = "Wie viele Minuten hat ein Tag? Antworte bitte kurz."
+    services = Scripted([answer("A day has 1440 minutes in total."), answer("Ein Tag hat 1440 Minuten.")],
                         language="English")  # the model would say so; the identifier is sure of German
     trace = drive(Run(parse_config({}), goal, "s1", 6), services)
-    assert trace.answer == "Ein Schaltjahr hat 366 Tage."
+    assert trace.answer == "Ein Tag hat 1440 Minuten."
     assert [s.rejected for s in trace.steps] == ["the reply is in English, not in German", None]
     assert not any(LANGUAGE_QUESTION.split("{")[0] in r.body["messages"][-1]["content"]
                    for r in services.requests if r.type == "chat")  # the model was not asked the language

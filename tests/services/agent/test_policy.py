@@ -181,9 +181,9 @@ def test_a_calculation_that_leaves_out_a_figure_of_the_goal_is_not_done():
     assert plants.unused_figures() == ["twice"]
     plants.add("calculator", '{"expression": "400 * 2"}', "800")
     assert plants.unused_figures() == []
-    bill = Checked("What does the water bill in bills/water-2026.txt come to? Base fee plus usage.",
+    bill = Checked("What does the electricity bill in reports/power-2024.txt come to? Base fee plus usage.",
                    compute_tool="calculator")
-    bill.add("calculator", '{"expression": "96.00 + 4.12 * 86"}', "450.32")
+    bill.add("calculator", '{"expression": "60.00 + 0.31 * 1200"}', "432")
     assert bill.unused_figures() == []  # a figure in a file's name is no figure of the task
 
 

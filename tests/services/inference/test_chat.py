@@ -160,14 +160,14 @@ def test_tool_choice_named_forces_that_tool_and_none_forbids_calls(chat_client):
 def test_a_named_tool_with_narrower_parameters_is_called_within_them_and_shown_as_it_is(chat_client):
     """``tool_choice.function.parameters``: the call is decoded under that schema (a path the task names, not the
     one the model would translate), while the prompt shows the tool as declared: the same tokens, the same KV."""
-    ask = [{"role": "user", "content": "Lee cocina/sopa.md y dime cuántos tomates lleva."}]
-    narrower = {"type": "object", "properties": {"path": {"type": "string", "enum": ["cocina/sopa.md"]}},
+    ask = [{"role": "user", "content": "Lee notas/hornear.md y dime cuánto tiempo sube el pan."}]
+    narrower = {"type": "object", "properties": {"path": {"type": "string", "enum": ["notas/hornear.md"]}},
                 "required": ["path"]}
     body = {"messages": ask, "tools": TOOLS, "max_tokens": 48, "temperature": 0}
     held = chat_client.request("chat", {**body, "tool_choice": {"type": "function", "function": {
         "name": "read_file", "parameters": narrower}}})
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in held["message"]["tool_calls"]] \
-        == [("read_file", {"path": "cocina/sopa.md"})]
+        == [("read_file", {"path": "notas/hornear.md"})]
     free = chat_client.request("chat", {**body, "tool_choice": {"type": "function", "function": {"name": "read_file"}}})
     assert held["stats"]["prompt_tokens"] == free["stats"]["prompt_tokens"]
     with pytest.raises(ServiceError) as err:
