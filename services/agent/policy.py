@@ -57,11 +57,21 @@ RECOMPUTE_QUESTION = ("How is the answer to the task obtained from the figures i
 RECOMPUTE_SCHEMA = {"type": "object", "properties": {"expression": {"anyOf": [
     {"type": "string", "pattern": r"^[-(0-9][-+*/(). 0-9]{0,79}$"}, {"type": "null"}]}},
     "required": ["expression"], "additionalProperties": False}
+#: Asked right after a candidate answer with a figure nothing backs, in the run's session: how that figure was
+#: computed (asked what the answer is obtained from, the 1.5B wrote the figure itself, "found as it is").
+DERIVE_QUESTION = ("Your last reply gives {figure}. Write the arithmetic that gives {figure} from the figures in the "
+                   "task and the tool results, as one expression of numbers and operators.")
+_OPERAND = r"\(*-?[0-9]+(\.[0-9]+)?\)*"
+DERIVE_SCHEMA = {"type": "object", "properties": {"expression": {
+    "type": "string", "pattern": rf"^{_OPERAND}( ?[-+*/] ?{_OPERAND}){{1,12}}$"}},
+    "required": ["expression"], "additionalProperties": False}
 JUDGE_SCHEMA = {"type": "object", "properties": {"final_answer": {"type": "boolean"},
                                                  "missing": {"type": "string", "maxLength": 100}},
                 "required": ["final_answer", "missing"], "additionalProperties": False}
 #: The working memory's name for arithmetic the policy evaluated itself (not a tool the model can call).
 COMPUTED = "computed"
+#: The names a reader's one required parameter has: the path of the file it reads.
+READER_PARAMETERS = ("path", "file", "filename")
 #: The tool that calculates, when the run has it: the English rules send a wrong unit or a restated figure to it.
 COMPUTE_TOOL = "calculator"
 
@@ -92,6 +102,15 @@ def named(tool: str, parameters: dict | None = None) -> dict:
     tool's own, when given: protocol.ChosenFunction)."""
     function = {"name": tool} if parameters is None else {"name": tool, "parameters": parameters}
     return {"type": "function", "function": function}
+
+
+def _arguments(text: str) -> dict:
+    """A call's arguments as the model wrote them, as a map ({} when they are no JSON object)."""
+    try:
+        given = json.loads(text)
+    except json.JSONDecodeError:
+        return {}
+    return given if isinstance(given, dict) else {}
 
 
 def mentions(names: list[str]) -> re.Pattern[str]:
@@ -142,8 +161,9 @@ class StepPolicy:
 
     def to_read(self, answer: str) -> list[str]:
         """Unread files the answer cannot do without: those the task or ``answer`` names (and, under the English
-        rules, those a result names on a line about the task)."""
-        if not self.settings.unread_files:
+        rules, those a result names on a line about the task). None where the run has no tool that reads a file:
+        a file a task names for other tools to act on (move it, copy it) is not there to be read."""
+        if not self.settings.unread_files or not self._readers():
             return []
         pointed = self.english.pointed_to() if self.english else []
         return list(dict.fromkeys([*self.memory.unread(self.memory.goal, answer), *pointed]))
@@ -154,35 +174,36 @@ class StepPolicy:
         return self.reader(unread) if (unread := self.to_read("")) else None
 
     def reader(self, paths: list[str]) -> dict | None:
-        """The tool_choice that reads one of ``paths``: the tool an earlier call gave a path, else one with a
-        path-like parameter, else none (the model picks). The path is decoded under a schema that admits those
+        """The tool_choice that reads one of ``paths``: the reader an earlier call gave a path, else the first
+        reader offered, else none (the model picks). The path is decoded under a schema that admits those
         paths only: a small model otherwise writes the path in other words ("notas/pan.md" as
         "notes/bread.md", "Lies notes/bread.md"), and reading what does not exist leads nowhere."""
-        for tool, arguments, _ in self.memory.facts:
-            try:
-                given = json.loads(arguments)
-            except json.JSONDecodeError:
-                continue
-            for parameter, value in given.items() if isinstance(given, dict) else ():
-                if isinstance(value, str) and PATH.search(value):
-                    return named(tool, self._holding(tool, parameter, paths))
+        readers = self._readers()
+        used = [tool for tool, arguments, _ in self.memory.facts if tool in readers
+                and PATH.search(str(_arguments(arguments).get(readers[tool]) or ""))]
+        tool = used[0] if used else next(iter(readers), None)
+        return named(tool, self._holding(tool, readers[tool], paths)) if tool else None
+
+    def _readers(self) -> dict[str, str]:
+        """The tools that read a file, each with its path parameter: a tool whose one required parameter is a path
+        (``file_reader(path)``, a caller's ``read_file(path)``; not ``find(path, name)``, whose path is optional,
+        nor ``mv(source, destination)``)."""
+        readers = {}
         for spec in self.specs:
-            for parameter in spec["function"]["parameters"].get("properties", {}):
-                if parameter in ("path", "file", "filename"):
-                    return named(spec["function"]["name"], self._holding(spec["function"]["name"], parameter, paths))
-        return None
+            parameters = spec["function"].get("parameters") or {}
+            required = parameters.get("required") or []
+            if len(required) == 1 and required[0] in READER_PARAMETERS:
+                readers[spec["function"]["name"]] = required[0]
+        return readers
 
     def _holding(self, tool: str, parameter: str, paths: list[str]) -> dict | None:
-        """``tool``'s parameters with ``parameter`` held to ``paths`` (None: the tool is not offered)."""
-        spec = next((s["function"] for s in self.specs if s["function"]["name"] == tool), None)
-        if spec is None:
-            return None
+        """``tool``'s parameters with ``parameter`` held to ``paths``."""
+        spec = next(s["function"] for s in self.specs if s["function"]["name"] == tool)
         parameters = spec.get("parameters") or {"type": "object", "properties": {}}
         if parameters.get("properties", {}).get(parameter, {}).get("type", "string") != "string":
             return None  # a caller's tool that takes its path otherwise: its own schema
-        required = list(dict.fromkeys([*parameters.get("required", []), parameter]))
         return {**parameters, "properties": {**parameters.get("properties", {}),
-                                             parameter: {"type": "string", "enum": paths}}, "required": required}
+                                             parameter: {"type": "string", "enum": paths}}}
 
     def intended_tool(self, text: str) -> str | None:
         """The tool a reply names in prose instead of calling it."""
@@ -198,22 +219,28 @@ class StepPolicy:
         """Whether the candidate ``answer`` stands, and if not why and which tool the next step is asked with."""
         unread = self.to_read(answer)
         english = self.english
+        derived = not unread and self.settings.recompute and bool(self._invented(answer))
+        if derived:  # a figure nothing backs may be the model's own arithmetic: asked how it got it, first
+            yield from self._derived(answer)
         reasons = [f"{path} has not been read yet" for path in unread] + (
             english.unmet(answer) if english else self._unbacked(answer))
         if unread:
             return Verdict(reasons, self.reader(unread))
+        if planned := self._planned(answer):
+            return Verdict([f"it says to use {planned} instead of calling it"], named(planned),
+                           then=f"Call {planned} now.")
         if reasons:
             if COMPUTE_TOOL in self.tools and english and english.needs_computing(answer):
                 return Verdict(reasons, named(COMPUTE_TOOL))
             # an answer with figures nothing backs (a formula, a guess) is told to compute with a tool: it is asked
             # with one, the tool it names, else the calculator (asked freely, a small model writes the formula again)
-            invents = bool(english.invented(answer)) and not english.counting() if english else bool(reasons)
+            invents = bool(self._invented(answer)) and not (english and english.counting())
             choice = self._tool_in(answer) or (named(COMPUTE_TOOL) if invents and COMPUTE_TOOL in self.tools else None)
             return Verdict(reasons, choice)
         if written := self._other_language(answer):
             return Verdict([f"the reply is in {written}, not in {self.language}"],
                            then=f"Reply with the answer now, in {self.language}.")
-        if self.settings.recompute and (reason := (yield from self._recomputed(answer))):
+        if self.settings.recompute and not derived and (reason := (yield from self._recomputed(answer))):
             return Verdict([reason], then="Reply with the answer now.")
         if self.settings.judge:
             language = f", written in {self.language}" if self.settings.answer_language and self.language else ""
@@ -234,33 +261,56 @@ class StepPolicy:
         self._language_sent_back = True
         return written
 
-    def _recomputed(self, answer: str) -> Generator[AskModel, Any, str | None]:
-        """Why ``answer`` does not stand by the arithmetic the model writes for the task (None: it stands, or
-        the model wrote none, or only a figure: a lookup, which the figures check covers)."""
-        reply = yield AskModel(RECOMPUTE_QUESTION, RECOMPUTE_SCHEMA, about=answer)
-        expression = reply.get("expression") if reply else None
-        if not expression or not any(op in expression.lstrip("-") for op in "+-*/"):
+    def _arithmetic(self, answer: str, figure: str | None = None
+                    ) -> Generator[AskModel, Any, tuple[str, int | float] | None]:
+        """The arithmetic the model writes for how ``answer`` (or its ``figure``) is obtained, and its value (None:
+        it wrote none, or only a figure: a lookup)."""
+        question = (AskModel(RECOMPUTE_QUESTION, RECOMPUTE_SCHEMA, about=answer) if figure is None else
+                    AskModel(DERIVE_QUESTION.format(figure=figure), DERIVE_SCHEMA, about=answer))
+        reply = yield question
+        expression = (reply.get("expression") or "").strip() if reply else ""
+        if not any(op in expression.lstrip("-") for op in "+-*/"):
             return None
-        if figures.unbacked(expression, self._sources()):  # arithmetic over figures it did not find: not the facts'
-            return None  # (for a lookup whose answer is text, a small model sums figures it made up)
         try:
-            value = evaluate(expression)
+            return expression, evaluate(expression)
         except (SyntaxError, ValueError, ArithmeticError, TypeError):
             return None
-        if figures.gives(answer, float(value)):
-            return None
-        self.memory.add(COMPUTED, json.dumps({"expression": expression.strip()}), str(value))  # backs that figure
-        return f"by the figures found, the answer is {expression.strip()} = {value}"
 
-    def _unbacked(self, answer: str) -> list[str]:
-        """Why ``answer``'s figures do not stand: numbers nothing the run knows backs (once a tool ran or the task
-        has numbers: "a spider has 8 legs" needs no source). The English rules check figures themselves, with
-        their units."""
+    def _derived(self, answer: str) -> Generator[AskModel, Any, None]:
+        """Before a figure nothing backs sends ``answer`` back: arithmetic of the model's that gives it backs it,
+        whatever constants it uses (a conversion's 32 and 5 / 9): the figure was computed, not made up. Arithmetic
+        that gives another value overrules nothing here (the model's expression is no surer than its answer: it
+        wrote 2480 * 15 for 15% of 2480); the answer goes back to be computed with a tool."""
+        found = yield from self._arithmetic(answer, self._invented(answer)[0])
+        if found and figures.gives(answer, float(found[1])):
+            self.memory.add(COMPUTED, json.dumps({"expression": found[0]}), str(found[1]))
+
+    def _recomputed(self, answer: str) -> Generator[AskModel, Any, str | None]:
+        """Why ``answer``, whose figures are all backed, does not stand by the arithmetic the model writes for the
+        task over the figures found (None: it stands, or the arithmetic gives the answer's value, or uses a figure
+        nothing found: for a lookup whose answer is text, a small model sums figures it made up)."""
+        found = yield from self._arithmetic(answer)
+        if not found or figures.gives(answer, float(found[1])) or figures.unbacked(found[0], self._sources()):
+            return None
+        expression, value = found
+        self.memory.add(COMPUTED, json.dumps({"expression": expression}), str(value))  # backs that figure
+        return f"by the figures found, the answer is {expression} = {value}"
+
+    def _invented(self, answer: str) -> list[str]:
+        """The figures of ``answer`` nothing the run knows backs, by the checks that apply: the English rules'
+        (with their units), else every reading of the numbers (only once a tool ran or the task has numbers: "a
+        spider has 8 legs" needs no source)."""
         memory = self.memory
+        if self.english:
+            return self.english.invented(answer)
         if not self.settings.figures or not (memory.facts or figures.values(memory.goal)):
             return []
         listed = max((len(lines(result)) for _, _, result in memory.facts), default=0)
-        if invented := figures.unbacked(answer, self._sources(), listed):
+        return figures.unbacked(answer, self._sources(), listed)
+
+    def _unbacked(self, answer: str) -> list[str]:
+        """Why ``answer``'s figures do not stand, where the English rules do not check them."""
+        if invented := self._invented(answer):
             was = "was" if len(invented) == 1 else "were"
             return [f"{', '.join(invented)} {was} not read or computed with a tool; compute with a tool"]
         return []
@@ -268,6 +318,16 @@ class StepPolicy:
     def _sources(self) -> list[str]:
         """What backs a figure: the task, the recalled memories, every tool result."""
         return [self.memory.goal, *self.memory.memories, *(result for _, _, result in self.memory.facts)]
+
+    def _planned(self, answer: str) -> str | None:
+        """Once tools have run, the first tool ``answer`` names that no call of the run used: the reply plans the
+        next step in prose ("You can do this using the `mkdir` function") instead of taking it. (A tool it names
+        that has run is a report of what was done.)"""
+        if not self.settings.plans or not self.memory.facts:
+            return None
+        called = {tool for tool, _, _ in self.memory.facts}
+        named_tools = (self.tools[int(found.lastgroup[1:])] for found in self._mentions.finditer(answer))
+        return next((tool for tool in named_tools if tool not in called), None)
 
     def _tool_in(self, answer: str) -> dict | None:
         """A plan in prose sent back: the tool it means to use."""

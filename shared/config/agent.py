@@ -46,6 +46,9 @@ class StepPolicyConfig(Section):
     recompute: bool = Field(True, description="the model writes the arithmetic that answers the task from the "
                                               "figures found (numbers and operators only, in the run's session); "
                                               "an answer without its value is sent back with it")
+    plans: bool = Field(True, description="once tools have run, a candidate answer that names a tool the run has "
+                                          "not called (a plan of the next step, in prose) is asked again with "
+                                          "that tool named")
     english_rules: Literal["off", "english", "always"] = Field(
         "english", description="the checks that read English words (units, 'how many', 'total'): off; only for "
                                "a task found to be in English; always")

@@ -13,7 +13,7 @@ from services.agent.working_memory import FACT_CHARS, WorkingMemory
 from shared.config.agent import StepPolicyConfig
 
 TOOLS = [{"type": "function", "function": {"name": name, "description": "", "parameters": {
-    "type": "object", "properties": {parameter: {"type": "string"}}}}}
+    "type": "object", "properties": {parameter: {"type": "string"}}, "required": [parameter]}}}
     for name, parameter in (("calculator", "expression"), ("file_reader", "path"), ("memory_search", "query"))]
 
 
@@ -235,3 +235,35 @@ def test_the_note_restates_only_the_recalled_memories_that_share_a_word_with_the
     assert memory.related_memories() == ["The window cleaner charges 4.50 euros per window."]
     assert "Remembered:\n- The window cleaner charges 4.50 euros per window.\n" in memory.note() + "\n"
     assert "Remembered" not in Checked("What is for dinner on Friday?", memory.memories).note()
+
+
+def _spec(name, required, *optional):
+    properties = {parameter: {"type": "string"} for parameter in (*required, *optional)}
+    return {"type": "function", "function": {"name": name, "description": "", "parameters": {
+        "type": "object", "properties": properties, "required": list(required)}}}
+
+
+def test_a_file_the_task_names_is_read_first_only_where_a_tool_reads_one():
+    settings = StepPolicyConfig(answer_language=False, judge=False, recompute=False, english_rules="off")
+    acting = [_spec("find", (), "path", "name"), _spec("mv", ("source", "destination")), _spec("cat", ("file_name",))]
+    policy = StepPolicy(settings, WorkingMemory("Move report.pdf into the temp folder.", [], []), acting)
+    # a path that is optional (find) or one of two (mv) is no file to read: the task acts on the file
+    assert policy.first_choice() is None and drive(policy.review("Moved report.pdf."), no_question).reasons == []
+    policy = StepPolicy(settings, WorkingMemory("What does report.pdf say?", [], []), [*acting, _spec("read_file", ("path",))])
+    assert policy.first_choice() == {"type": "function", "function": {"name": "read_file", "parameters": {
+        "type": "object", "properties": {"path": {"type": "string", "enum": ["report.pdf"]}}, "required": ["path"]}}}
+
+
+def test_an_answer_that_names_a_tool_not_called_yet_is_a_plan_asked_again_with_that_tool():
+    settings = StepPolicyConfig(answer_language=False, judge=False, recompute=False, english_rules="off")
+    tools = [_spec("mkdir", ("dir_name",)), _spec("mv", ("source", "destination"))]
+    memory = WorkingMemory("Make a folder temp and move report.pdf into it.", [], [])
+    policy = StepPolicy(settings, memory, tools)
+    assert drive(policy.review("Use mkdir first."), no_question).reasons == []  # no tool ran: the loop's own re-ask
+    memory.add("mkdir", '{"dir_name": "temp"}', "")
+    verdict = drive(policy.review("Now you can move it with the `mv` function."), no_question)
+    assert verdict.reasons == ["it says to use mv instead of calling it"]
+    assert verdict.tool_choice == {"type": "function", "function": {"name": "mv"}}
+    assert drive(policy.review("I made temp with mkdir."), no_question).reasons == []  # a report of what was done
+    off = StepPolicy(settings.model_copy(update={"plans": False}), memory, tools)
+    assert drive(off.review("Now you can move it with the `mv` function."), no_question).reasons == []
