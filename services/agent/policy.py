@@ -72,7 +72,7 @@ JUDGE_SCHEMA = {"type": "object", "properties": {"final_answer": {"type": "boole
 COMPUTED = "computed"
 #: The names a reader's one required parameter has: the path of the file it reads.
 READER_PARAMETERS = ("path", "file", "filename")
-#: The tool that calculates, when the run has it: the English rules send a wrong unit or a restated figure to it.
+#: The tool that calculates, when the run has it: the English rules send a wrong unit to it.
 COMPUTE_TOOL = "calculator"
 
 
@@ -230,7 +230,7 @@ class StepPolicy:
             return Verdict([f"it says to use {planned} instead of calling it"], named(planned),
                            then=f"Call {planned} now.")
         if reasons:
-            if COMPUTE_TOOL in self.tools and english and english.needs_computing(answer):
+            if COMPUTE_TOOL in self.tools and english and english.wrong_units(answer):
                 return Verdict(reasons, named(COMPUTE_TOOL))
             # an answer with figures nothing backs (a formula, a guess) is told to compute with a tool: it is asked
             # with one, the tool it names, else the calculator (asked freely, a small model writes the formula again)

@@ -307,19 +307,6 @@ def test_a_goal_that_names_a_file_reads_it_first():
     assert [r.body["tool_choice"] for r in services.steps()] == [reading("plan.txt"), "auto"]  # then it picks
 
 
-def test_an_answer_that_only_restates_what_was_read_is_sent_back_to_the_calculator():
-    goal = "sizes.txt has the width and the height of the rug. Compute its area."
-    services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "sizes.txt"}')]},
-                          answer("The rug is 23 wide and 47 high."),
-                          {"role": "assistant", "content": "", "tool_calls": [call("calculator", '{"expression": "23 * 47"}', "c2")]},
-                          answer("The area is 1081.")], {"sizes.txt": "width: 23\nheight: 47\n"})
-    trace = drive(Run(parse_config({}), goal, "s1", 6), services)
-    assert trace.answer == "The area is 1081." and trace.steps[1].rejected == (
-        "it only repeats what was found, and the task asks for a result computed from it; compute it with calculator")
-    chats = [r.body for r in services.steps()]
-    assert chats[2]["tool_choice"] == {"type": "function", "function": {"name": "calculator"}}
-
-
 def test_a_plan_in_prose_sent_back_is_asked_again_with_the_tool_it_names():
     goal = "index.txt names the file with this week's menu. What is for dinner on Friday?"
     files = {"index.txt": "Current: menus/week49.txt\n", "menus/week49.txt": "Friday: lasagne\n"}  # no word of the goal

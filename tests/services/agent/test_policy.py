@@ -110,7 +110,6 @@ def test_an_answer_in_another_unit_than_the_goal_asks_for_is_not_done():
         "multiply by 5 / 9)"]
     assert conversion("inches", "centimetres") == "inches to centimetres: multiply by 2.54"
     assert conversion("minutes", "hours") == "minutes to hours: divide by 60"
-    assert memory.needs_computing("The night setting is 59 F.")
     memory.add("calculator", '{"expression": "(59 - 32) * 5 / 9"}', "15")
     assert memory.unmet("It is 15 degrees Celsius.") == memory.unmet("15 °C") == []
     minutes = Checked("How many minutes does the drive take?", compute_tool="calculator")
@@ -122,23 +121,6 @@ def test_an_answer_in_another_unit_than_the_goal_asks_for_is_not_done():
     assert minutes.invented("2 * 60 + 40 = 160") == ["160"]  # the conversion's 60 is given; the sum is not
     assert minutes.wrong_units("160 minutes") == [] and minutes.wrong_units("It is 8 windows away.") == []
     assert Checked("How tall is the door in my memories?").wrong_units("2 metres") == []  # no unit asked
-
-
-def test_an_answer_that_only_restates_what_was_found_is_not_done_when_the_goal_asks_to_compute():
-    goal = "Look up the monthly rent in my memories and compute what a year of rent costs."
-    memory = Checked(goal, compute_tool="calculator")
-    memory.add("memory_search", '{"query": "monthly rent"}', "- The monthly rent is 1840 euros. (score 0.67)")
-    assert memory.restated("The monthly rent is 1840 euros.") and memory.needs_computing("It is 1840 euros.")
-    assert memory.unmet("The monthly rent is 1840 euros.") == [
-        "it only repeats what was found, and the task asks for a result computed from it; compute it with calculator"]
-    memory.add("calculator", '{"expression": "1840 * 12"}', "22080")
-    assert not memory.restated("A year of rent costs 22080 euros.") and memory.unmet("It costs 22080 euros.") == []
-    lookup = Checked("What does the rent say in my memories?", compute_tool="calculator")  # nothing to compute
-    lookup.add("memory_search", '{"query": "rent"}', "- The monthly rent is 1840 euros.")
-    assert not lookup.restated("The monthly rent is 1840 euros.")
-    no_calculator = Checked(goal)
-    no_calculator.add("memory_search", '{"query": "monthly rent"}', "- The monthly rent is 1840 euros.")
-    assert not no_calculator.needs_computing("It is 1840 euros.")
 
 
 def test_a_count_of_what_a_result_lists_is_backed_when_the_goal_asks_how_many():
@@ -165,51 +147,28 @@ def test_a_list_to_count_is_numbered_in_the_note_and_an_answer_without_a_count_i
     assert not grams.counting() and "1." not in grams.note()  # how many of a unit: computed, not counted
 
 
-def test_a_calculation_that_leaves_out_a_figure_of_the_goal_is_not_done():
-    memory = Checked("recipe.txt is for 4 people. How many grams of flour do I need to make it for 10?",
-                           compute_tool="calculator")
-    memory.add("file_reader", '{"path": "recipe.txt"}', "flour: 250 g\n")
-    assert memory.unused_figures() == []  # nothing computed yet: nothing left out
-    memory.add("calculator", '{"expression": "250 * 10"}', "2500")
-    assert memory.unmet("You need 2500 grams.") == ["the task's 4 is in no calculation yet"]
-    assert memory.needs_computing("You need 2500 grams.")
-    memory.add("calculator", '{"expression": "250 / 4 * 10"}', "625")
-    assert memory.unmet("You need 625 grams.") == []
-    plants = Checked("Each plant in plants.txt gets its amount of water twice a week. How many millilitres is "
-                           "that per week for all of them?", compute_tool="calculator")
-    plants.add("calculator", '{"expression": "200 + 50 + 150"}', "400")
-    assert plants.unused_figures() == ["twice"]
-    plants.add("calculator", '{"expression": "400 * 2"}', "800")
-    assert plants.unused_figures() == []
-    bill = Checked("What does the electricity bill in reports/power-2024.txt come to? Base fee plus usage.",
-                   compute_tool="calculator")
-    bill.add("calculator", '{"expression": "60.00 + 0.31 * 1200"}', "432")
-    assert bill.unused_figures() == []  # a figure in a file's name is no figure of the task
-
-
-def test_an_answer_that_leaves_out_what_the_calculator_computed_is_not_done():
-    memory = Checked("Look up the monthly rent in my memories and compute what a year of rent costs.",
-                           compute_tool="calculator")
-    memory.add("memory_search", '{"query": "monthly rent"}', "- The monthly rent is 1840 euros. (score 0.67)")
-    memory.add("calculator", '{"expression": "1840 * 12"}', "22080")
-    assert memory.unmet("The monthly rent is 1840 euros.") == [
-        "it gives what was found, not what calculator computed from it (22080)"]
-    assert memory.omits_result("A year costs 22080 euros, 1840 a month.") is None
-    assert not memory.needs_computing("The monthly rent is 1840 euros.")  # computed already: not computed again
-
-
-def test_an_answer_that_repeats_the_task_or_a_recalled_figure_is_not_done():
+def test_an_answer_that_repeats_the_task_is_sent_to_the_file_a_result_points_to():
     memory = Checked("The dishwasher's manual is listed in manuals.txt. Which program does it recommend?",
-                           ["The electricity price is 0.28 euros per kWh."], compute_tool="calculator")
+                     compute_tool="calculator")
     memory.add("file_reader", '{"path": "manuals.txt"}', "Dishwasher: manuals/dishwasher.txt\n")
     assert memory.unmet("The dishwasher's manual is listed in manuals.txt.") == [
-        "manuals/dishwasher.txt has not been read yet", "it repeats the task instead of answering it"]
+        "manuals/dishwasher.txt has not been read yet"]
     memory.add("file_reader", '{"path": "manuals/dishwasher.txt"}', "Recommended: Delicate\n")
-    assert memory.unmet("It recommends Delicate.") == [] and not memory.echoes_goal("The manual.")
-    bill = Checked("Read usage.txt and compute last month's electricity cost.", memory.memories,
-                         compute_tool="calculator")
-    bill.add("file_reader", '{"path": "usage.txt"}', "Electricity used last month: 350 kWh\n")
-    assert bill.restated("The electricity price is 0.28 euros per kWh.")  # a recalled memory is found, not computed
+    assert memory.unmet("It recommends Delicate.") == []
+
+
+def test_an_answer_that_gives_what_was_found_or_repeats_the_tasks_words_stands():
+    # the deleted English rules sent these back: "total" read as a request to compute, the flat's 7 as a figure a
+    # calculation must use, a yes/no answer in the question's words as an echo
+    total = Checked("What is the total on invoice.txt?", compute_tool="calculator")
+    total.add("file_reader", '{"path": "invoice.txt"}', "Paint 12.10\nBrushes 6.50\nTotal: 18.60 euros\n")
+    assert total.unmet("The total is 18.60 euros.") == []
+    floor = Checked("Flat 7 tiles a floor 3 m by 2.5 m: how many square metres is that?", compute_tool="calculator")
+    floor.add("calculator", '{"expression": "3 * 2.5"}', "7.5")
+    assert floor.unmet("It is 7.5 square metres.") == []
+    light = Checked("Read lights.txt. Is the garage light off?", compute_tool="calculator")
+    light.add("file_reader", '{"path": "lights.txt"}', "Garage: off\nHall: on\n")
+    assert light.unmet("The garage light is off.") == []
 
 
 def test_a_calculation_run_again_on_its_own_result_is_told_apart_from_a_next_step():
