@@ -61,7 +61,7 @@ RECOMPUTE_SCHEMA = {"type": "object", "properties": {"expression": {"anyOf": [
 #: computed (asked what the answer is obtained from, the 1.5B wrote the figure itself, "found as it is").
 DERIVE_QUESTION = ("Your last reply gives {figure}. Write the arithmetic that gives {figure} from the figures in the "
                    "task and the tool results, as one expression of numbers and operators.")
-_OPERAND = r"\(*-?[0-9]+(\.[0-9]+)?\)*"
+_OPERAND = r"\(*-?[0-9]+([.,][0-9]+)?\)*"  # "1,8 * 100": the task's own decimal comma
 DERIVE_SCHEMA = {"type": "object", "properties": {"expression": {
     "type": "string", "pattern": rf"^{_OPERAND}( ?[-+*/] ?{_OPERAND}){{1,12}}$"}},
     "required": ["expression"], "additionalProperties": False}
@@ -262,37 +262,44 @@ class StepPolicy:
         return written
 
     def _arithmetic(self, answer: str, figure: str | None = None
-                    ) -> Generator[AskModel, Any, tuple[str, int | float] | None]:
-        """The arithmetic the model writes for how ``answer`` (or its ``figure``) is obtained, and its value (None:
-        it wrote none, or only a figure: a lookup)."""
+                    ) -> Generator[AskModel, Any, list[tuple[str, int | float]]]:
+        """The arithmetic the model writes for how ``answer`` (or its ``figure``) is obtained, with its value: one
+        per reading of a comma in it (a decimal mark, or thousands grouped), as the figures are read. None when it
+        wrote no operator (only a figure: a lookup) or nothing that computes."""
         question = (AskModel(RECOMPUTE_QUESTION, RECOMPUTE_SCHEMA, about=answer) if figure is None else
                     AskModel(DERIVE_QUESTION.format(figure=figure), DERIVE_SCHEMA, about=answer))
         reply = yield question
         expression = (reply.get("expression") or "").strip() if reply else ""
         if not any(op in expression.lstrip("-") for op in "+-*/"):
-            return None
-        try:
-            return expression, evaluate(expression)
-        except (SyntaxError, ValueError, ArithmeticError, TypeError):
-            return None
+            return []
+        readings = []
+        for reading in dict.fromkeys([expression.replace(",", "."), expression.replace(",", "")]):
+            try:
+                readings.append((reading, evaluate(reading)))
+            except (SyntaxError, ValueError, ArithmeticError, TypeError):
+                continue
+        return readings
 
     def _derived(self, answer: str) -> Generator[AskModel, Any, None]:
         """Before a figure nothing backs sends ``answer`` back: arithmetic of the model's that gives it backs it,
         whatever constants it uses (a conversion's 32 and 5 / 9): the figure was computed, not made up. Arithmetic
         that gives another value overrules nothing here (the model's expression is no surer than its answer: it
         wrote 2480 * 15 for 15% of 2480); the answer goes back to be computed with a tool."""
-        found = yield from self._arithmetic(answer, self._invented(answer)[0])
-        if found and figures.gives(answer, float(found[1])):
-            self.memory.add(COMPUTED, json.dumps({"expression": found[0]}), str(found[1]))
+        for expression, value in (yield from self._arithmetic(answer, self._invented(answer)[0])):
+            if figures.gives(answer, float(value)):
+                self.memory.add(COMPUTED, json.dumps({"expression": expression}), str(value))
+                return
 
     def _recomputed(self, answer: str) -> Generator[AskModel, Any, str | None]:
         """Why ``answer``, whose figures are all backed, does not stand by the arithmetic the model writes for the
         task over the figures found (None: it stands, or the arithmetic gives the answer's value, or uses a figure
         nothing found: for a lookup whose answer is text, a small model sums figures it made up)."""
         found = yield from self._arithmetic(answer)
-        if not found or figures.gives(answer, float(found[1])) or figures.unbacked(found[0], self._sources()):
+        if not found:
             return None
-        expression, value = found
+        expression, value = found[0]  # its schema admits no comma: one reading
+        if figures.gives(answer, float(value)) or figures.unbacked(expression, self._sources()):
+            return None
         self.memory.add(COMPUTED, json.dumps({"expression": expression}), str(value))  # backs that figure
         return f"by the figures found, the answer is {expression} = {value}"
 

@@ -407,6 +407,11 @@ def test_a_figure_the_models_own_arithmetic_gives_stands_whatever_constants_it_u
                          expressions=["(356 - 32) * 5 / 9", None])
     trace = drive(Run(parse_config({}), goal, "s1", 6), services)
     assert trace.answer == "The oven is set to 180 °C." and not any(s.rejected for s in trace.steps)
+    # a decimal comma in the arithmetic is read as the task writes it
+    services = Scripted([answer("Das sind 80 Zentimeter.")], language="German", expressions=["0,8 * 100"])
+    trace = drive(Run(parse_config({}), "Das Brett ist 0,8 Meter lang. Wie viele Zentimeter sind das?", "s1", 6),
+                  services)
+    assert trace.answer == "Das sind 80 Zentimeter." and not any(s.rejected for s in trace.steps)
     # the same figure with arithmetic that gives another value, over figures nothing found: sent back as before
     services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "oven.txt"}')]},
                           answer("The oven is set to 180 °C."), answer("It is 180 °C.")],
