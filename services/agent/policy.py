@@ -10,15 +10,17 @@ The default policy is built from mechanisms that do not read the user's words:
 - **the model judging its own answer**: right after a candidate answer, in the run's session (its KV warm), the
   model says under a JSON schema whether that reply is the final answer the task asks for, and what is missing;
 - **unread files**: a file the task or the answer names (a path looks the same in every language) is read
-  before the answer stands, and a task that names one starts with the reader;
+  before the answer stands, and a task that names one starts with the reader (a tool whose one required
+  parameter is a path; a run without one reads nothing first);
 - **backed figures**: a number of the answer that no reading of the task, the memories or the tools' results
-  backs (``services.agent.figures``: "1,5" read with either decimal mark) is sent back to be computed;
+  backs (``services.agent.figures``: "1,5" read with either decimal mark) is sent back to be computed, unless the
+  arithmetic the model writes for it, asked first, gives it;
 - **computation over the facts**: in the run's session, the model writes the arithmetic that answers the task
   from the figures found, under a schema that admits numbers and operators only; where every figure of it was
   found, the loop evaluates it (``shared.arithmetic``), and an answer without that value is sent back with it
   (an answer that gives one of the figures read, where the task asks for their product, is told the product);
-- **tool names**: a reply that names a tool instead of calling it (before any call) is asked again with that
-  tool named.
+- **tool names**: a reply that names a tool instead of calling it (before any call), or once tools have run
+  names one not called yet (a plan of the next step), is asked again with that tool named.
 
 The checks that read English words (``services.agent.english_rules``) apply only where
 ``agent.policy.english_rules`` says: by default to a task the model found to be in English.
