@@ -13,8 +13,7 @@ The default policy is built from mechanisms that do not read the user's words:
   before the answer stands, and a task that names one starts with the reader (a tool whose one required
   parameter is a path; a run without one reads nothing first);
 - **backed figures**: a number of the answer that no reading of the task, the memories or the tools' results
-  backs (``services.agent.figures``: "1,5" read with either decimal mark) is sent back to be computed, unless the
-  arithmetic the model writes for it, asked first, gives it;
+  backs (``services.agent.figures``: "1,5" read with either decimal mark) is sent back to be computed;
 - **computation over the facts**: in the run's session, the model writes the arithmetic that answers the task
   from the figures found, under a schema that admits numbers and operators only; where every figure of it was
   found, the loop evaluates it (``shared.arithmetic``), and an answer without that value is sent back with it
@@ -58,14 +57,6 @@ RECOMPUTE_QUESTION = ("How is the answer to the task obtained from the figures i
                       "number.")
 RECOMPUTE_SCHEMA = {"type": "object", "properties": {"expression": {"anyOf": [
     {"type": "string", "pattern": r"^[-(0-9][-+*/(). 0-9]{0,79}$"}, {"type": "null"}]}},
-    "required": ["expression"], "additionalProperties": False}
-#: Asked right after a candidate answer with a figure nothing backs, in the run's session: how that figure was
-#: computed (asked what the answer is obtained from, the 1.5B wrote the figure itself, "found as it is").
-DERIVE_QUESTION = ("Your last reply gives {figure}. Write the arithmetic that gives {figure} from the figures in the "
-                   "task and the tool results, as one expression of numbers and operators.")
-_OPERAND = r"\(*-?[0-9]+([.,][0-9]+)?\)*"  # "1,8 * 100": the task's own decimal comma
-DERIVE_SCHEMA = {"type": "object", "properties": {"expression": {
-    "type": "string", "pattern": rf"^{_OPERAND}( ?[-+*/] ?{_OPERAND}){{1,12}}$"}},
     "required": ["expression"], "additionalProperties": False}
 JUDGE_SCHEMA = {"type": "object", "properties": {"final_answer": {"type": "boolean"},
                                                  "missing": {"type": "string", "maxLength": 100}},
@@ -221,9 +212,6 @@ class StepPolicy:
         """Whether the candidate ``answer`` stands, and if not why and which tool the next step is asked with."""
         unread = self.to_read(answer)
         english = self.english
-        derived = not unread and self.settings.recompute and bool(self._invented(answer))
-        if derived:  # a figure nothing backs may be the model's own arithmetic: asked how it got it, first
-            yield from self._derived(answer)
         reasons = [f"{path} has not been read yet" for path in unread] + (
             english.unmet(answer) if english else self._unbacked(answer))
         if unread:
@@ -242,7 +230,7 @@ class StepPolicy:
         if written := self._other_language(answer):
             return Verdict([f"the reply is in {written}, not in {self.language}"],
                            then=f"Reply with the answer now, in {self.language}.")
-        if self.settings.recompute and not derived and (reason := (yield from self._recomputed(answer))):
+        if self.settings.recompute and (reason := (yield from self._recomputed(answer))):
             return Verdict([reason], then="Reply with the answer now.")
         if self.settings.judge:
             language = f", written in {self.language}" if self.settings.answer_language and self.language else ""
@@ -263,44 +251,20 @@ class StepPolicy:
         self._language_sent_back = True
         return written
 
-    def _arithmetic(self, answer: str, figure: str | None = None
-                    ) -> Generator[AskModel, Any, list[tuple[str, int | float]]]:
-        """The arithmetic the model writes for how ``answer`` (or its ``figure``) is obtained, with its value: one
-        per reading of a comma in it (a decimal mark, or thousands grouped), as the figures are read. None when it
-        wrote no operator (only a figure: a lookup) or nothing that computes."""
-        question = (AskModel(RECOMPUTE_QUESTION, RECOMPUTE_SCHEMA, about=answer) if figure is None else
-                    AskModel(DERIVE_QUESTION.format(figure=figure), DERIVE_SCHEMA, about=answer))
-        reply = yield question
+    def _recomputed(self, answer: str) -> Generator[AskModel, Any, str | None]:
+        """Why ``answer`` does not stand by the arithmetic the model writes for the task (None: it stands, or
+        the model wrote none, or only a figure: a lookup, which the figures check covers)."""
+        reply = yield AskModel(RECOMPUTE_QUESTION, RECOMPUTE_SCHEMA, about=answer)
         expression = (reply.get("expression") or "").strip() if reply else ""
         if not any(op in expression.lstrip("-") for op in "+-*/"):
-            return []
-        readings = []
-        for reading in dict.fromkeys([expression.replace(",", "."), expression.replace(",", "")]):
-            try:
-                readings.append((reading, evaluate(reading)))
-            except (SyntaxError, ValueError, ArithmeticError, TypeError):
-                continue
-        return readings
-
-    def _derived(self, answer: str) -> Generator[AskModel, Any, None]:
-        """Before a figure nothing backs sends ``answer`` back: arithmetic of the model's that gives it backs it,
-        whatever constants it uses (a conversion's 32 and 5 / 9): the figure was computed, not made up. Arithmetic
-        that gives another value overrules nothing here (the model's expression is no surer than its answer: it
-        wrote 2480 * 15 for 15% of 2480); the answer goes back to be computed with a tool."""
-        for expression, value in (yield from self._arithmetic(answer, self._invented(answer)[0])):
-            if figures.gives(answer, float(value)):
-                self.memory.add(COMPUTED, json.dumps({"expression": expression}), str(value))
-                return
-
-    def _recomputed(self, answer: str) -> Generator[AskModel, Any, str | None]:
-        """Why ``answer``, whose figures are all backed, does not stand by the arithmetic the model writes for the
-        task over the figures found (None: it stands, or the arithmetic gives the answer's value, or uses a figure
-        nothing found: for a lookup whose answer is text, a small model sums figures it made up)."""
-        found = yield from self._arithmetic(answer)
-        if not found:
             return None
-        expression, value = found[0]  # its schema admits no comma: one reading
-        if figures.gives(answer, float(value)) or figures.unbacked(expression, self._sources()):
+        if figures.unbacked(expression, self._sources()):  # arithmetic over figures it did not find: not the facts'
+            return None  # (for a lookup whose answer is text, a small model sums figures it made up)
+        try:
+            value = evaluate(expression)
+        except (SyntaxError, ValueError, ArithmeticError, TypeError):
+            return None
+        if figures.gives(answer, float(value)):
             return None
         self.memory.add(COMPUTED, json.dumps({"expression": expression}), str(value))  # backs that figure
         return f"by the figures found, the answer is {expression} = {value}"

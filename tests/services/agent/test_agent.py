@@ -15,7 +15,7 @@ import pytest
 from magnitude.agent import Agent, AsyncAgent, submit_feedback
 from services.agent.context import Turn
 from services.agent.loop import _SUMMARY_PROMPT, Conversation, Run, ServiceCall, turn_text
-from services.agent.policy import DERIVE_QUESTION, JUDGE_QUESTION, LANGUAGE_QUESTION, RECOMPUTE_QUESTION, mentions
+from services.agent.policy import JUDGE_QUESTION, LANGUAGE_QUESTION, RECOMPUTE_QUESTION, mentions
 from shared.client import AsyncClient, Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import REPO, ServiceProcess, chat_reply, make_config, write_config
@@ -32,8 +32,8 @@ def call(name: str, arguments: str, call_id: str = "c1") -> dict:
 class Scripted:
     """Plays the services for ``Run``: the chat replies come from a script; records every request. The step
     policy's questions are answered apart: the task's language is ``language``, the arithmetic for a candidate
-    answer (or for its figure nothing backs) the next of ``expressions`` (then: none), and each judgment of it
-    the next of ``judgments`` (then: it is the final answer)."""
+    answer the next of ``expressions`` (then: none), and each judgment of it the next of ``judgments`` (then: it
+    is the final answer)."""
 
     def __init__(self, replies: list[dict], advice: bool | None = None, language: str = "English",
                  judgments: list[dict] = (), expressions: list[str | None] = ()):
@@ -70,7 +70,7 @@ class Scripted:
             question = req.body["messages"][-1]["content"]
             if question.startswith(LANGUAGE_QUESTION.split("{")[0]):
                 return chat_reply(answer(json.dumps({"language": self.language})))
-            if question == RECOMPUTE_QUESTION or question.startswith(DERIVE_QUESTION.split("{")[0]):
+            if question == RECOMPUTE_QUESTION:
                 expression = self.expressions.pop(0) if self.expressions else None
                 return chat_reply(answer(json.dumps({"expression": expression})))
             judged = self.judgments.pop(0) if self.judgments else {"final_answer": True, "missing": ""}
@@ -398,28 +398,6 @@ def test_an_answer_without_the_value_of_the_arithmetic_the_model_writes_for_it_i
                          expressions=["40 + 5"])
     trace = drive(Run(parse_config({}), "What is the wifi password in wifi.txt?", "s1", 6), services)
     assert trace.answer == "The password is blue-fox." and not any(s.rejected for s in trace.steps)
-
-
-def test_a_figure_the_models_own_arithmetic_gives_stands_whatever_constants_it_uses():
-    goal = "oven.txt has the oven's setting. What is it in Celsius?"
-    services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "oven.txt"}')]},
-                          answer("The oven is set to 180 °C.")], {"oven.txt": "Setting: 356 F\n"},
-                         expressions=["(356 - 32) * 5 / 9", None])
-    trace = drive(Run(parse_config({}), goal, "s1", 6), services)
-    assert trace.answer == "The oven is set to 180 °C." and not any(s.rejected for s in trace.steps)
-    # a decimal comma in the arithmetic is read as the task writes it
-    services = Scripted([answer("Das sind 80 Zentimeter.")], language="German", expressions=["0,8 * 100"])
-    trace = drive(Run(parse_config({}), "Das Brett ist 0,8 Meter lang. Wie viele Zentimeter sind das?", "s1", 6),
-                  services)
-    assert trace.answer == "Das sind 80 Zentimeter." and not any(s.rejected for s in trace.steps)
-    # the same figure with arithmetic that gives another value, over figures nothing found: sent back as before
-    services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "oven.txt"}')]},
-                          answer("The oven is set to 180 °C."), answer("It is 180 °C.")],
-                         {"oven.txt": "Setting: 356 F\n"}, expressions=["356 / 2"])
-    trace = drive(Run(parse_config({"agent": {"answer_checks": 1}}), goal, "s1", 6), services)
-    assert [s.rejected for s in trace.steps] == [None, "180 was not read or computed with a tool; compute with a tool",
-                                                 None]
-    assert services.steps()[2].body["tool_choice"] == {"type": "function", "function": {"name": "calculator"}}
 
 
 def test_an_answer_the_model_judges_unfinished_is_sent_back_with_what_is_missing():
