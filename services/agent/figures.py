@@ -14,8 +14,9 @@ import re
 from typing import Iterable
 
 #: A number as written, with "," or "." grouping or marking decimals (``1,840``, ``8,40``, ``1.234,5``, ``-3``);
-#: not the digits inside a word or a path (``v1.2``, ``notes2.txt``).
-WRITTEN = re.compile(r"(?<![\w.,])-?\d+(?:[.,]\d+)*(?![\w])")
+#: not the digits inside a word or a path (``v1.2``, ``notes2.txt``). A comma after a word ends a CSV cell:
+#: ``tins,6,cellar`` holds 6.
+WRITTEN = re.compile(r"(?<![\w.])(?<!\d,)-?\d+(?:[.,]\d+)*(?![\w])")
 
 
 def readings(written: str) -> set[tuple[float, int]]:
@@ -39,20 +40,40 @@ def readings(written: str) -> set[tuple[float, int]]:
 
 
 def values(text: str) -> set[float]:
-    """Every reading of every number in ``text``."""
-    return {value for match in WRITTEN.finditer(text) for value, _ in readings(match.group())}
+    """Every reading of every number in ``text``, and of each comma-separated part of one (the cells of a CSV
+    row: ``12,42,51``)."""
+    written = [match.group() for match in WRITTEN.finditer(text)]
+    cells = [cell for number in written if "," in number for cell in number.split(",")]
+    return {value for number in [*written, *cells] for value, _ in readings(number)}
 
 
 def unbacked(answer: str, sources: Iterable[str], listed: int = 0) -> list[str]:
     """Numbers in ``answer`` (as written) that no reading backs: not in ``sources`` (even rounded to the digits
     written) and not a count of at most ``listed`` lines."""
-    known = set().union(*(values(text) for text in sources))
+    known = _known(sources)
     out = []
     for match in WRITTEN.finditer(answer):
         written = match.group()
         if not any(_backed(value, decimals, known, listed) for value, decimals in readings(written)):
             out.append(written)
     return list(dict.fromkeys(out))
+
+
+def counts(answer: str, sources: Iterable[str], listed: int) -> list[str]:
+    """Numbers in ``answer`` (as written) that only a count backs: whole, at most ``listed``, and no reading of
+    them is a number of ``sources``."""
+    known = _known(sources)
+    out = []
+    for match in WRITTEN.finditer(answer):
+        options = readings(match.group())
+        whole = bool(options) and all(value.is_integer() and 0 < value <= listed for value, _ in options)
+        if whole and not any(_backed(value, decimals, known, 0) for value, decimals in options):
+            out.append(match.group())
+    return out
+
+
+def _known(sources: Iterable[str]) -> set[float]:
+    return set().union(*(values(text) for text in sources))
 
 
 def _backed(value: float, decimals: int, known: set[float], listed: int) -> bool:

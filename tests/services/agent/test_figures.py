@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.agent.figures import readings, unbacked
+from services.agent.figures import counts, readings, unbacked
 
 
 def test_a_number_is_read_with_either_decimal_mark_where_it_can_be():
@@ -25,3 +25,14 @@ def test_an_answer_in_any_language_is_backed_by_what_was_read_even_rounded():
 def test_a_count_of_listed_lines_is_backed_and_a_larger_one_is_not():
     assert unbacked("3 invitados.", ["Ana\nBruno\nChiara"], listed=3) == []
     assert unbacked("6 invitados.", ["Ana\nBruno\nChiara"], listed=3) == ["6"]
+
+
+def test_the_cells_of_a_csv_row_are_figures():
+    table = "item,euros\nelectricity,84.20\ninternet,39.99\n2026-12-01,42,51\n"
+    assert unbacked("Strom: 84,20 Euro, Internet 39.99.", [table]) == []
+    assert unbacked("Der Lauf dauerte 42 Minuten auf 51 m².", [table]) == []
+
+
+def test_a_number_only_a_count_backs_is_whole_at_most_the_lines_and_no_figure_read():
+    assert counts("Es sind 5 Sachen, 3 davon Pasta.", ["pasta,3,shelf"], listed=5) == ["5"]
+    assert counts("6 Gäste", ["Ana\nBruno"], listed=5) == [] and counts("2,5 Liter", [], listed=5) == []
