@@ -118,6 +118,19 @@ def mentions(names: list[str]) -> re.Pattern[str]:
     return re.compile("|".join(rf"(?P<t{i}>\b{s}\b)" for i, s in enumerate(spelled)) or "(?!)", re.IGNORECASE)
 
 
+def _readers(specs: list[dict]) -> dict[str, str]:
+    """The tools that read a file, each with its path parameter: a tool whose one required parameter is a path
+    (``file_reader(path)``, a caller's ``read_file(path)``; not ``find(path, name)``, whose path is optional, nor
+    ``mv(source, destination)``)."""
+    readers = {}
+    for spec in specs:
+        parameters = spec["function"].get("parameters") or {}
+        required = parameters.get("required") or []
+        if len(required) == 1 and required[0] in READER_PARAMETERS:
+            readers[spec["function"]["name"]] = required[0]
+    return readers
+
+
 class StepPolicy:
     """One run's steering, over its ``WorkingMemory`` and the tools it offers (OpenAI specs)."""
 
@@ -127,6 +140,7 @@ class StepPolicy:
         self.specs = specs
         self.tools = [spec["function"]["name"] for spec in specs]
         self._mentions = mentions(self.tools)
+        self.readers = _readers(specs)  # the tools that read a file, each with its path parameter
         self.language: str | None = None  # the task's, as the identifier or the model named it
         self._language_sent_back = False  # a reply in another language is sent back once (a translation stands)
         self.english: EnglishRules | None = None  # the English checks, where they apply to this run
@@ -161,7 +175,7 @@ class StepPolicy:
         """Unread files the answer cannot do without: those the task or ``answer`` names (and, under the English
         rules, those a result names on a line about the task). None where the run has no tool that reads a file:
         a file a task names for other tools to act on (move it, copy it) is not there to be read."""
-        if not self.settings.unread_files or not self._readers():
+        if not self.settings.unread_files or not self.readers:
             return []
         pointed = self.english.pointed_to() if self.english else []
         return list(dict.fromkeys([*self.memory.unread(self.memory.goal, answer), *pointed]))
@@ -176,23 +190,11 @@ class StepPolicy:
         reader offered, else none (the model picks). The path is decoded under a schema that admits those
         paths only: a small model otherwise writes the path in other words ("notas/pan.md" as
         "notes/bread.md", "Lies notes/bread.md"), and reading what does not exist leads nowhere."""
-        readers = self._readers()
+        readers = self.readers
         used = [tool for tool, arguments, _ in self.memory.facts if tool in readers
                 and PATH.search(str(_arguments(arguments).get(readers[tool]) or ""))]
         tool = used[0] if used else next(iter(readers), None)
         return named(tool, self._holding(tool, readers[tool], paths)) if tool else None
-
-    def _readers(self) -> dict[str, str]:
-        """The tools that read a file, each with its path parameter: a tool whose one required parameter is a path
-        (``file_reader(path)``, a caller's ``read_file(path)``; not ``find(path, name)``, whose path is optional,
-        nor ``mv(source, destination)``)."""
-        readers = {}
-        for spec in self.specs:
-            parameters = spec["function"].get("parameters") or {}
-            required = parameters.get("required") or []
-            if len(required) == 1 and required[0] in READER_PARAMETERS:
-                readers[spec["function"]["name"]] = required[0]
-        return readers
 
     def _holding(self, tool: str, parameter: str, paths: list[str]) -> dict | None:
         """``tool``'s parameters with ``parameter`` held to ``paths``."""
