@@ -65,6 +65,9 @@ _ANSWER_NOW = "{note}\nAnswer the task now from what was found, in one short sen
 _REPEATED = "{output}\n(This call was made before; this is its result again. Do not repeat it.)"
 _SUMMARY_PROMPT = ("Summarize the conversation above in a few sentences. Keep every name, number, file name and "
                    "tool result that the task may still need.")
+#: A question the step policy asks the model (the task's language, the arithmetic for an answer, a judgment of
+#: it): a short JSON object.
+_ASK_TOKENS = 64
 #: Tokens a template's tool section adds beyond the tools' JSON, before the first reply tells the real figure.
 _TEMPLATE_GUESS = 128
 #: After an advised compression, steps before the next one is honoured (decode speed needs time to show).
@@ -496,7 +499,7 @@ class Run:
         (``max_output_tokens``) has no room for is not asked: no answer to it."""
         def ask(op: AskModel) -> Generator[ServiceCall, Any, dict | None]:
             left = self._budget_left()
-            if left is not None and left < op.max_tokens:  # the caller's cap counts every token: no room to ask
+            if left is not None and left < _ASK_TOKENS:  # the caller's cap counts every token: no room to ask
                 return None
             turn = [{"role": "user", "content": op.question}]
             params: dict[str, Any] = {}
@@ -506,7 +509,7 @@ class Run:
                     params = {"tools": tools, "tool_choice": "none"}
             else:
                 messages, in_session = turn, False
-            reply = yield from self._chat(messages, in_session, max_tokens=op.max_tokens, temperature=0.0,
+            reply = yield from self._chat(messages, in_session, max_tokens=_ASK_TOKENS, temperature=0.0,
                                           response_format={"type": "json_schema",
                                                            "json_schema": {"name": "reply", "schema": op.schema}},
                                           **params)

@@ -58,10 +58,6 @@ RECOMPUTE_QUESTION = ("How is the answer to the task obtained from the figures i
 RECOMPUTE_SCHEMA = {"type": "object", "properties": {"expression": {"anyOf": [
     {"type": "string", "pattern": r"^[-(0-9][-+*/(). 0-9]{0,79}$"}, {"type": "null"}]}},
     "required": ["expression"], "additionalProperties": False}
-#: Asked right after a candidate answer whose number only a count of the last listing's lines backs; the lines
-#: follow, numbered (the tool result above is not).
-COUNT_QUESTION = ("Which of these lines of the last tool result does your answer count? Give their numbers; none "
-                  "when the answer is no count of them.\n\n{lines}")
 JUDGE_SCHEMA = {"type": "object", "properties": {"final_answer": {"type": "boolean"},
                                                  "missing": {"type": "string", "maxLength": 100}},
                 "required": ["final_answer", "missing"], "additionalProperties": False}
@@ -75,14 +71,13 @@ COMPUTE_TOOL = "calculator"
 
 @dataclass(frozen=True)
 class AskModel:
-    """Operation: the model's reply, a JSON object under ``schema`` in at most ``max_tokens``, to ``question``
-    (reply: the object, or None when the model could not give one). ``about``: a candidate answer the question is
-    about; it is asked in the run's session right after that reply, else on its own, outside the session."""
+    """Operation: the model's reply, a JSON object under ``schema``, to ``question`` (reply: the object, or None
+    when the model could not give one). ``about``: a candidate answer the question is about; it is asked in the
+    run's session right after that reply, else on its own, outside the session."""
 
     question: str
     schema: dict
     about: str | None = None
-    max_tokens: int = 64
 
 
 @dataclass(frozen=True)
@@ -211,13 +206,9 @@ class StepPolicy:
         return self.tools[int(found.lastgroup[1:])] if found else None
 
     def answer_now(self) -> bool:
-        """After a step's tool results: whether the next step must answer, from the note alone. Without the
-        count check, an English task that counts does once what to count is read (the count is read off the
-        note's numbered lines; a small model writes Python for the calculator instead); with it, the answer is
-        reviewed like any other, its count checked by the lines counted ("how many battery charges" is no
-        count of the file's lines, and an answer from the note is never reviewed)."""
-        return (not self.settings.counts and bool(self.english and self.english.counting())
-                and not self.to_read(""))
+        """After a step's tool results: whether the next step must answer (what to count is read, so the count
+        is read off the note's numbered lines; a small model writes Python for the calculator instead)."""
+        return bool(self.english and self.english.counting()) and not self.to_read("")
 
     def review(self, answer: str) -> Generator[AskModel, Any, Verdict]:
         """Whether the candidate ``answer`` stands, and if not why and which tool the next step is asked with."""
@@ -241,8 +232,6 @@ class StepPolicy:
         if written := self._other_language(answer):
             return Verdict([f"the reply is in {written}, not in {self.language}"],
                            then=f"Reply with the answer now, in {self.language}.")
-        if self.settings.counts and (reason := (yield from self._counted(answer))):
-            return Verdict([reason], then="Reply with the answer now.")
         if self.settings.recompute and (reason := (yield from self._recomputed(answer))):
             return Verdict([reason], then="Reply with the answer now.")
         if self.settings.judge:
@@ -263,30 +252,6 @@ class StepPolicy:
             return None
         self._language_sent_back = True
         return written
-
-    def _counted(self, answer: str) -> Generator[AskModel, Any, str | None]:
-        """Why ``answer`` does not stand by the lines the model says it counted (None: it stands, or gives no
-        count). Asked where a number of the answer is no figure any result holds but at most the lines the last
-        listing has: the figures check backs it only as a count of them, which a small model gets wrong ("8
-        items on the shelf" for the 4 of 7 rows that say so)."""
-        listing = next((listed for _, _, result in reversed(self.memory.facts)
-                        if len(listed := lines(result)) > 1), None)
-        if listing is None:
-            return None
-        read = [result for tool, _, result in self.memory.facts if tool != COMPUTED]
-        if not figures.counts(answer, read, len(listing)):
-            return None
-        numbered = "\n".join(f"{i}. {line}" for i, line in enumerate(listing, 1))
-        schema = {"type": "object", "properties": {"lines": {
-            "type": "array", "items": {"type": "integer", "minimum": 1, "maximum": len(listing)},
-            "maxItems": len(listing)}}, "required": ["lines"], "additionalProperties": False}
-        reply = yield AskModel(COUNT_QUESTION.format(lines=numbered), schema, about=answer,
-                               max_tokens=8 + 4 * len(listing))
-        counted = sorted(set(reply["lines"])) if reply else []
-        if not counted or figures.gives(answer, float(len(counted))):
-            return None
-        self.memory.add(COMPUTED, json.dumps({"count of lines": counted}), str(len(counted)))  # backs that count
-        return f"the lines that count are {len(counted)}: " + "; ".join(listing[i - 1] for i in counted)
 
     def _recomputed(self, answer: str) -> Generator[AskModel, Any, str | None]:
         """Why ``answer`` does not stand by the arithmetic the model writes for the task (None: it stands, or

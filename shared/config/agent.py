@@ -46,10 +46,6 @@ class StepPolicyConfig(Section):
     recompute: bool = Field(True, description="the model writes the arithmetic that answers the task from the "
                                               "figures found (numbers and operators only, in the run's session); "
                                               "an answer without its value is sent back with it")
-    counts: bool = Field(True, description="a candidate answer whose number only a count of a result's lines backs "
-                                           "is checked by the lines the model says it counted (their numbers, "
-                                           "under a JSON schema, in the run's session): a count that differs is "
-                                           "sent back with the lines'")
     plans: bool = Field(True, description="once tools have run, a candidate answer that names a tool the run has "
                                           "not called (a plan of the next step, in prose) is asked again with "
                                           "that tool named")

@@ -15,7 +15,7 @@ import pytest
 from magnitude.agent import Agent, AsyncAgent, submit_feedback
 from services.agent.context import Turn
 from services.agent.loop import _SUMMARY_PROMPT, Conversation, Run, ServiceCall, turn_text
-from services.agent.policy import COUNT_QUESTION, JUDGE_QUESTION, LANGUAGE_QUESTION, RECOMPUTE_QUESTION, mentions
+from services.agent.policy import JUDGE_QUESTION, LANGUAGE_QUESTION, RECOMPUTE_QUESTION, mentions
 from shared.client import AsyncClient, Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import REPO, ServiceProcess, chat_reply, make_config, write_config
@@ -32,13 +32,12 @@ def call(name: str, arguments: str, call_id: str = "c1") -> dict:
 class Scripted:
     """Plays the services for ``Run``: the chat replies come from a script; records every request. The step
     policy's questions are answered apart: the task's language is ``language``, the arithmetic for a candidate
-    answer the next of ``expressions`` (then: none), the lines a count counts ``counted``, and each judgment of it
-    the next of ``judgments`` (then: it is the final answer)."""
+    answer the next of ``expressions`` (then: none), and each judgment of it the next of ``judgments`` (then: it
+    is the final answer)."""
 
     def __init__(self, replies: list[dict], advice: bool | None = None, language: str = "English",
-                 judgments: list[dict] = (), expressions: list[str | None] = (), counted: list[int] = ()):
+                 judgments: list[dict] = (), expressions: list[str | None] = ()):
         self.replies, self.advice, self.requests = list(replies), advice, []
-        self.counted = list(counted)
         self.language, self.judgments, self.expressions = language, list(judgments), list(expressions)
 
     def steps(self) -> list[ServiceCall]:
@@ -71,8 +70,6 @@ class Scripted:
             question = req.body["messages"][-1]["content"]
             if question.startswith(LANGUAGE_QUESTION.split("{")[0]):
                 return chat_reply(answer(json.dumps({"language": self.language})))
-            if question.startswith(COUNT_QUESTION.split("{")[0]):
-                return chat_reply(answer(json.dumps({"lines": self.counted})))
             if question == RECOMPUTE_QUESTION:
                 expression = self.expressions.pop(0) if self.expressions else None
                 return chat_reply(answer(json.dumps({"expression": expression})))
@@ -283,19 +280,16 @@ def test_a_number_no_tool_gave_is_sent_back_at_most_answer_checks_times():
     assert trace.answer == "It is 1001." and trace.stopped == "final_answer"
 
 
-def test_a_count_of_a_list_is_checked_by_the_lines_the_model_says_it_counted():
+def test_a_list_to_count_is_counted_from_the_numbered_note_once_read():
     goal = "How many things are on the packing list in packing.txt?"
     services = WithFiles([{"role": "assistant", "content": "",
                            "tool_calls": [call("file_reader", '{"path": "packing.txt"}')]},
-                          answer("There are 2 things on the list."), answer("There are 3 things on the list.")],
-                         {"packing.txt": "passports\ntickets\ntowels\n"}, counted=[1, 2, 3])
+                          answer("There are 3 things on the list.")], {"packing.txt": "passports\ntickets\ntowels\n"})
     trace = drive(Run(parse_config({}), goal, "s1", 6), services)
-    assert trace.answer == "There are 3 things on the list." and len(trace.steps) == 3
-    assert trace.steps[1].rejected == "the lines that count are 3: passports; tickets; towels"
-    asked = [r for r in services.requests if "response_format" in r.body and r.session == "s1"]
-    assert "1. passports\n2. tickets\n3. towels" in asked[0].body["messages"][-1]["content"]
-    counted = services.steps()[-1]  # the list numbered in the note, the count checked: a step like any other
-    assert counted.session == "s1" and "1. passports / 2. tickets / 3. towels" in counted.body["messages"][-1]["content"]
+    assert trace.answer == "There are 3 things on the list." and len(trace.steps) == 2
+    counted = services.steps()[-1]  # no tools: no Python for the calculator
+    assert counted.session is None and "tools" not in counted.body
+    assert "1. passports / 2. tickets / 3. towels" in counted.body["messages"][-1]["content"]
 
 
 def reading(*paths: str) -> dict:

@@ -28,8 +28,7 @@ class Checked:
 
     def __init__(self, goal, memories=(), facts=None, compute_tool=None):
         self.memory = WorkingMemory(goal, memories, facts if facts is not None else [], compute_tool)
-        settings = StepPolicyConfig(answer_language=False, judge=False, recompute=False, counts=False,
-                                    english_rules="always")
+        settings = StepPolicyConfig(answer_language=False, judge=False, recompute=False, english_rules="always")
         self.policy = StepPolicy(settings, self.memory, TOOLS)
         drive(self.policy.begin(), no_question)
         self.rules = self.policy.english
@@ -227,24 +226,3 @@ def test_an_answer_that_names_a_tool_not_called_yet_is_a_plan_asked_again_with_t
     assert drive(policy.review("I made temp with mkdir."), no_question).reasons == []  # a report of what was done
     off = StepPolicy(settings.model_copy(update={"plans": False}), memory, tools)
     assert drive(off.review("Now you can move it with the `mv` function."), no_question).reasons == []
-
-
-def test_a_count_of_listed_lines_is_checked_by_the_lines_the_model_says_it_counted():
-    settings = StepPolicyConfig(answer_language=False, judge=False, recompute=False, english_rules="off")
-    memory = WorkingMemory("Wie viele Sachen stehen laut vorrat.csv im Regal?", [], [])
-    memory.add("file_reader", '{"path": "vorrat.csv"}', "item,count,location\npasta,3,shelf\nrice,2,shelf\n"
-                                                        "tomato tins,6,cellar\nlentils,1,shelf\n")
-    policy = StepPolicy(settings, memory, TOOLS)
-    asked = []
-
-    def counted(op):
-        asked.append(op)
-        return {"lines": [2, 3, 5, 3]}
-
-    verdict = drive(policy.review("Es sind 5 Sachen."), counted)  # 5: no figure of the file, at most its lines
-    assert "1. item,count,location\n2. pasta,3,shelf" in asked[0].question and asked[0].about == "Es sind 5 Sachen."
-    assert asked[0].schema["properties"]["lines"]["items"]["maximum"] == 5
-    assert verdict.reasons == ["the lines that count are 3: pasta,3,shelf; rice,2,shelf; lentils,1,shelf"]
-    assert drive(policy.review("Es sind 3 Sachen."), counted).reasons == []  # the count the lines give stands
-    assert drive(policy.review("Es sind 6 Dosen."), no_question).reasons == []  # a figure the file holds: no count
-    assert drive(policy.review("Es sind 5 Sachen."), lambda op: {"lines": []}).reasons == []  # no count, it says
