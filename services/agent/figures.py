@@ -50,30 +50,13 @@ def values(text: str) -> set[float]:
 def unbacked(answer: str, sources: Iterable[str], listed: int = 0) -> list[str]:
     """Numbers in ``answer`` (as written) that no reading backs: not in ``sources`` (even rounded to the digits
     written) and not a count of at most ``listed`` lines."""
-    known = _known(sources)
+    known = set().union(*(values(text) for text in sources))
     out = []
     for match in WRITTEN.finditer(answer):
         written = match.group()
         if not any(_backed(value, decimals, known, listed) for value, decimals in readings(written)):
             out.append(written)
     return list(dict.fromkeys(out))
-
-
-def counts(answer: str, sources: Iterable[str], listed: int) -> list[str]:
-    """Numbers in ``answer`` (as written) that only a count backs: whole, at most ``listed``, and no reading of
-    them is a number of ``sources``."""
-    known = _known(sources)
-    out = []
-    for match in WRITTEN.finditer(answer):
-        options = readings(match.group())
-        whole = bool(options) and all(value.is_integer() and 0 < value <= listed for value, _ in options)
-        if whole and not any(_backed(value, decimals, known, 0) for value, decimals in options):
-            out.append(match.group())
-    return out
-
-
-def _known(sources: Iterable[str]) -> set[float]:
-    return set().union(*(values(text) for text in sources))
 
 
 def _backed(value: float, decimals: int, known: set[float], listed: int) -> bool:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.agent.figures import counts, readings, unbacked
+from services.agent.figures import readings, unbacked
 
 
 def test_a_number_is_read_with_either_decimal_mark_where_it_can_be():
@@ -32,7 +32,3 @@ def test_the_cells_of_a_csv_row_are_figures():
     assert unbacked("Strom: 84,20 Euro, Internet 39.99.", [table]) == []
     assert unbacked("Der Lauf dauerte 42 Minuten auf 51 m².", [table]) == []
 
-
-def test_a_number_only_a_count_backs_is_whole_at_most_the_lines_and_no_figure_read():
-    assert counts("Es sind 5 Sachen, 3 davon Pasta.", ["pasta,3,shelf"], listed=5) == ["5"]
-    assert counts("6 Gäste", ["Ana\nBruno"], listed=5) == [] and counts("2,5 Liter", [], listed=5) == []
