@@ -15,23 +15,32 @@ from __future__ import annotations
 import math
 import re
 
-from services.agent.units import KIND_OF, conversion
 from services.agent.working_memory import PATH, NUMBER, WorkingMemory, lines
 
-#: Each unit's spellings after a number, in English.
-_SPELLED = {"millimetres": "mm millimetre millimetres millimeter millimeters",
-            "centimetres": "cm centimetre centimetres centimeter centimeters",
-            "metres": "m metre metres meter meters", "kilometres": "km kilometre kilometres kilometer kilometers",
-            "inches": "inch inches", "feet": "ft foot feet", "miles": "mile miles",
-            "seconds": "s sec secs second seconds", "minutes": "min mins minute minutes",
-            "hours": "h hr hrs hour hours", "days": "day days", "weeks": "week weeks",
-            "grams": "g gram grams", "kilograms": "kg kilo kilos kilogram kilograms",
-            "pounds": "lb lbs pound pounds", "ounces": "oz ounce ounces",
-            "millilitres": "ml millilitre millilitres milliliter milliliters",
-            "litres": "l litre litres liter liters", "gallons": "gallon gallons",
-            "Celsius": "c °c celsius", "Fahrenheit": "f °f fahrenheit"}
+#: Units a task may ask its answer in, by what they measure: each unit's spellings after a number.
+_UNITS = {
+    "length": {"millimetres": "mm millimetre millimetres millimeter millimeters",
+               "centimetres": "cm centimetre centimetres centimeter centimeters",
+               "metres": "m metre metres meter meters", "kilometres": "km kilometre kilometres kilometer kilometers",
+               "inches": "inch inches", "feet": "ft foot feet", "miles": "mile miles"},
+    "time": {"seconds": "s sec secs second seconds", "minutes": "min mins minute minutes",
+             "hours": "h hr hrs hour hours", "days": "day days", "weeks": "week weeks"},
+    "mass": {"grams": "g gram grams", "kilograms": "kg kilo kilos kilogram kilograms",
+             "pounds": "lb lbs pound pounds", "ounces": "oz ounce ounces"},
+    "volume": {"millilitres": "ml millilitre millilitres milliliter milliliters",
+               "litres": "l litre litres liter liters", "gallons": "gallon gallons"},
+    "temperature": {"Celsius": "c °c celsius", "Fahrenheit": "f °f fahrenheit"},
+}
+#: Each unit's size in its kind's base unit (metre, second, gram, litre), for the conversion a task needs.
+_SIZE = {"millimetres": 0.001, "centimetres": 0.01, "metres": 1, "kilometres": 1000, "inches": 0.0254, "feet": 0.3048,
+         "miles": 1609.344, "seconds": 1, "minutes": 60, "hours": 3600, "days": 86400, "weeks": 604800, "grams": 1,
+         "kilograms": 1000, "pounds": 453.59237, "ounces": 28.349523125, "millilitres": 0.001, "litres": 1,
+         "gallons": 3.785411784}
+_TEMPERATURE = {("Fahrenheit", "Celsius"): "subtract 32, then multiply by 5 / 9",
+                ("Celsius", "Fahrenheit"): "multiply by 9 / 5, then add 32"}
 #: spelling -> (what it measures, the unit's name)
-_UNIT_OF = {spelled: (KIND_OF[unit], unit) for unit, spellings in _SPELLED.items() for spelled in spellings.split()}
+_UNIT_OF = {spelled: (kind, unit) for kind, units in _UNITS.items() for unit, spellings in units.items()
+            for spelled in spellings.split()}
 _SPELLINGS = "|".join(sorted(map(re.escape, _UNIT_OF), key=len, reverse=True))
 #: The unit written right after a number ("7.2 metres", "59 F", "15 degrees Celsius").
 _UNIT_AFTER = re.compile(rf"\s?(?:degrees?\s)?({_SPELLINGS})(?![\w°])", re.IGNORECASE)
@@ -80,6 +89,17 @@ def _content_words(text: str) -> set[str]:
 
 def _unit(spelled: str) -> tuple[str, str] | None:
     return _UNIT_OF.get(spelled.lower())
+
+
+def conversion(source: str, target: str) -> str:
+    """How to convert a figure from one unit to another of the same kind, in words: "hours to minutes: multiply
+    by 60" (the default model, told to convert 2 hours and 40 minutes, computed 2 * 40)."""
+    if (source, target) in _TEMPERATURE:
+        how = _TEMPERATURE[source, target]
+    else:
+        ratio = _SIZE[source] / _SIZE[target]
+        how = f"multiply by {ratio:.6g}" if ratio >= 1 else f"divide by {1 / ratio:.6g}"
+    return f"{source} to {target}: {how}"
 
 
 class EnglishRules:

@@ -35,7 +35,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Generator
 
-from services.agent import figures, language, units
+from services.agent import figures, language
 from shared.arithmetic import evaluate
 from services.agent.english_rules import EnglishRules
 from services.agent.working_memory import PATH, WorkingMemory, lines
@@ -58,11 +58,6 @@ RECOMPUTE_QUESTION = ("How is the answer to the task obtained from the figures i
 RECOMPUTE_SCHEMA = {"type": "object", "properties": {"expression": {"anyOf": [
     {"type": "string", "pattern": r"^[-(0-9][-+*/(). 0-9]{0,79}$"}, {"type": "null"}]}},
     "required": ["expression"], "additionalProperties": False}
-#: Asked right after a candidate answer with a figure, where the English rules do not read its units.
-UNITS_QUESTION = ("In which unit does the task ask for its answer, and in which unit is the figure of your last "
-                  "reply? none where it is no measure.")
-UNITS_SCHEMA = {"type": "object", "properties": {side: {"enum": [*units.NAMES, "none"]} for side in ("asked", "given")},
-                "required": ["asked", "given"], "additionalProperties": False}
 JUDGE_SCHEMA = {"type": "object", "properties": {"final_answer": {"type": "boolean"},
                                                  "missing": {"type": "string", "maxLength": 100}},
                 "required": ["final_answer", "missing"], "additionalProperties": False}
@@ -237,8 +232,6 @@ class StepPolicy:
         if written := self._other_language(answer):
             return Verdict([f"the reply is in {written}, not in {self.language}"],
                            then=f"Reply with the answer now, in {self.language}.")
-        if self.settings.units and not english and (converted := (yield from self._converted(answer))):
-            return converted
         if self.settings.recompute and (reason := (yield from self._recomputed(answer))):
             return Verdict([reason], then="Reply with the answer now.")
         if self.settings.judge:
@@ -259,19 +252,6 @@ class StepPolicy:
             return None
         self._language_sent_back = True
         return written
-
-    def _converted(self, answer: str) -> Generator[AskModel, Any, Verdict | None]:
-        """An answer in another unit than the task asks for, sent back to be converted (None: the same unit, no
-        measure, or units of different kinds: the model's naming is not sure enough to overrule the answer)."""
-        if not figures.WRITTEN.search(answer):
-            return None
-        reply = yield AskModel(UNITS_QUESTION, UNITS_SCHEMA, about=answer)
-        asked, given = (reply["asked"], reply["given"]) if reply else ("none", "none")
-        if asked == given or units.KIND_OF.get(asked) is None or units.KIND_OF.get(asked) != units.KIND_OF.get(given):
-            return None
-        choice = named(COMPUTE_TOOL) if COMPUTE_TOOL in self.tools else None
-        return Verdict([f"the task asks for {asked}, not {given}; convert with a tool "
-                        f"({units.conversion(given, asked)})"], choice)
 
     def _recomputed(self, answer: str) -> Generator[AskModel, Any, str | None]:
         """Why ``answer`` does not stand by the arithmetic the model writes for the task (None: it stands, or

@@ -46,10 +46,6 @@ class StepPolicyConfig(Section):
     recompute: bool = Field(True, description="the model writes the arithmetic that answers the task from the "
                                               "figures found (numbers and operators only, in the run's session); "
                                               "an answer without its value is sent back with it")
-    units: bool = Field(True, description="where the English rules do not check units: the model names, under a "
-                                          "JSON schema in the run's session, the unit the task asks its answer in "
-                                          "and the unit of its answer; an answer in another unit of the same kind "
-                                          "is sent back to be converted, with the conversion")
     plans: bool = Field(True, description="once tools have run, a candidate answer that names a tool the run has "
                                           "not called (a plan of the next step, in prose) is asked again with "
                                           "that tool named")

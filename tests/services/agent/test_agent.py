@@ -15,7 +15,7 @@ import pytest
 from magnitude.agent import Agent, AsyncAgent, submit_feedback
 from services.agent.context import Turn
 from services.agent.loop import _SUMMARY_PROMPT, Conversation, Run, ServiceCall, turn_text
-from services.agent.policy import JUDGE_QUESTION, LANGUAGE_QUESTION, RECOMPUTE_QUESTION, UNITS_QUESTION, mentions
+from services.agent.policy import JUDGE_QUESTION, LANGUAGE_QUESTION, RECOMPUTE_QUESTION, mentions
 from shared.client import AsyncClient, Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import REPO, ServiceProcess, chat_reply, make_config, write_config
@@ -32,15 +32,12 @@ def call(name: str, arguments: str, call_id: str = "c1") -> dict:
 class Scripted:
     """Plays the services for ``Run``: the chat replies come from a script; records every request. The step
     policy's questions are answered apart: the task's language is ``language``, the arithmetic for a candidate
-    answer the next of ``expressions`` (then: none), the units asked and
-    given the next of ``units`` (then: no measure), and each judgment of it the next of ``judgments`` (then: it
+    answer the next of ``expressions`` (then: none), and each judgment of it the next of ``judgments`` (then: it
     is the final answer)."""
 
     def __init__(self, replies: list[dict], advice: bool | None = None, language: str = "English",
-                 judgments: list[dict] = (), expressions: list[str | None] = (),
-                 units: list[tuple[str, str]] = ()):
+                 judgments: list[dict] = (), expressions: list[str | None] = ()):
         self.replies, self.advice, self.requests = list(replies), advice, []
-        self.units = list(units)
         self.language, self.judgments, self.expressions = language, list(judgments), list(expressions)
 
     def steps(self) -> list[ServiceCall]:
@@ -70,21 +67,17 @@ class Scripted:
             return {"tool": "calculator", "output": "1081"}
         assert req.type == "chat", req
         if "response_format" in req.body:  # the step policy's questions
-            return chat_reply(answer(json.dumps(self.reply_to(req.body["messages"][-1]["content"]))))
+            question = req.body["messages"][-1]["content"]
+            if question.startswith(LANGUAGE_QUESTION.split("{")[0]):
+                return chat_reply(answer(json.dumps({"language": self.language})))
+            if question == RECOMPUTE_QUESTION:
+                expression = self.expressions.pop(0) if self.expressions else None
+                return chat_reply(answer(json.dumps({"expression": expression})))
+            judged = self.judgments.pop(0) if self.judgments else {"final_answer": True, "missing": ""}
+            return chat_reply(answer(json.dumps(judged)))
         if _SUMMARY_PROMPT in req.body["messages"][-1]["content"]:  # the budget's summarizer, outside the session
             return chat_reply({"role": "assistant", "content": "The user asked for arithmetic."})
         return chat_reply(self.replies.pop(0), prompt_tokens=300, prefill_tokens=100, cached_tokens=200)
-
-    def reply_to(self, question: str) -> dict:
-        """The step policy's ``question``, answered from the script."""
-        if question.startswith(LANGUAGE_QUESTION.split("{")[0]):
-            return {"language": self.language}
-        if question == UNITS_QUESTION:
-            asked, given = self.units.pop(0) if self.units else ("none", "none")
-            return {"asked": asked, "given": given}
-        if question == RECOMPUTE_QUESTION:
-            return {"expression": self.expressions.pop(0) if self.expressions else None}
-        return self.judgments.pop(0) if self.judgments else {"final_answer": True, "missing": ""}
 
 
 def drive(run: Run, services: Scripted):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from services.agent.context import drive
-from services.agent.units import conversion
+from services.agent.english_rules import conversion
 from services.agent.policy import StepPolicy
 from services.agent.working_memory import FACT_CHARS, WorkingMemory
 from shared.config.agent import StepPolicyConfig
@@ -226,27 +226,3 @@ def test_an_answer_that_names_a_tool_not_called_yet_is_a_plan_asked_again_with_t
     assert drive(policy.review("I made temp with mkdir."), no_question).reasons == []  # a report of what was done
     off = StepPolicy(settings.model_copy(update={"plans": False}), memory, tools)
     assert drive(off.review("Now you can move it with the `mv` function."), no_question).reasons == []
-
-
-def test_an_answer_in_another_unit_than_the_task_asks_for_is_sent_back_to_be_converted():
-    settings = StepPolicyConfig(answer_language=False, judge=False, recompute=False)  # English rules on
-    memory = WorkingMemory("Wie viele Liter Brühe kommen in die Suppe aus suppe.md?", [], [])
-    memory.add("file_reader", '{"path": "suppe.md"}', "- Brühe: 500 ml\n- Zwiebeln: 2\n")
-    policy = StepPolicy(settings, memory, TOOLS)
-    drive(policy.begin(), no_question)  # German: no English rule reads it
-    asked = []
-
-    def named(op, units=("litres", "millilitres")):
-        asked.append(op)
-        return dict(zip(("asked", "given"), units))
-
-    verdict = drive(policy.review("500 ml"), named)
-    assert asked[0].about == "500 ml" and set(asked[0].schema["required"]) == {"asked", "given"}
-    assert verdict.reasons == ["the task asks for litres, not millilitres; convert with a tool "
-                               "(millilitres to litres: divide by 1000)"]
-    assert verdict.tool_choice == {"type": "function", "function": {"name": "calculator"}}
-    memory.add("calculator", '{"expression": "500 / 1000"}', "0.5")
-    assert drive(policy.review("0,5 Liter"), lambda op: named(op, ("litres", "litres"))).reasons == []
-    assert drive(policy.review("2 Zwiebeln"), lambda op: named(op, ("none", "none"))).reasons == []
-    assert drive(policy.review("500 ml"), lambda op: named(op, ("litres", "grams"))).reasons == []  # not sure enough
-    assert drive(policy.review("Die Brühe."), no_question).reasons == []  # no figure: nothing to ask
