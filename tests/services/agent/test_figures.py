@@ -31,4 +31,3 @@ def test_the_cells_of_a_csv_row_are_figures():
     table = "item,euros\nelectricity,84.20\ninternet,39.99\n2026-12-01,42,51\n"
     assert unbacked("Strom: 84,20 Euro, Internet 39.99.", [table]) == []
     assert unbacked("Der Lauf dauerte 42 Minuten auf 51 m².", [table]) == []
-
