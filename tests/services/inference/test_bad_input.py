@@ -5,6 +5,7 @@ import pytest
 
 from shared.client import Client
 from shared.protocol import PROTOCOL_VERSION, encode_request
+from services.inference.service import PREPARING_WORKERS
 
 pytestmark = pytest.mark.model
 
@@ -49,9 +50,14 @@ def test_typed_error_and_still_healthy(client, name):
 
 
 def test_busy_when_queue_is_full(inference_service):
-    # queue_size is 4 in the test config: a burst of 12 long requests overflows it.
+    """A burst larger than all the service can hold is answered ``busy`` past that, and the service stays up."""
+    config = inference_service.config
+    # What it holds at once: queue_size at each of its three stages (its queue, the handover to the scheduler,
+    # the scheduler's waiting line), the requests its preparing workers hold and those its slots run. Twice that
+    # overflows it however the burst and the workers interleave (12 did not, on a box where the workers kept up).
+    holds = 3 * config.runtime.queue_size + PREPARING_WORKERS + config.engine.session_slots
     with Client(inference_service.endpoint, timeout_s=120) as c:
-        ids = [f"burst-{i}" for i in range(12)]
+        ids = [f"burst-{i}" for i in range(2 * holds)]
         for rid in ids:
             c.send_raw(encode_request("generate", {"prompt": "Tell a story.", "max_tokens": 16},
                                             request_id=rid))
