@@ -166,6 +166,13 @@ def test_a_body_over_the_inline_limit_crosses_to_inference_through_the_nodes_sha
     assert "n_ctx is" in str(refused.value), refused.value
 
 
+#: Questions with one sure answer each, for the tests that compare a session's answer with a cold request's: the
+#: session's KV was built in other batch shapes than the cold prefill, and an open question ("name two planets")
+#: sits on near ties that llama.cpp's numerics flip (docs/scheduler.md, "Same text in mixed batches").
+CAPITALS = [f"What is the capital of {country}? Answer with the city's name only."
+            for country in ("France", "Japan", "Italy", "Egypt")]
+
+
 def _chat(key: str, messages: list[dict], session: str | None = None):
     from openai import OpenAI
     client = OpenAI(base_url=GATEWAY, api_key=key, max_retries=0, timeout=300)
@@ -175,7 +182,7 @@ def _chat(key: str, messages: list[dict], session: str | None = None):
 
 
 def test_a_replaced_inference_task_answers_the_session_from_its_saved_kv(stack):
-    first = [{"role": "user", "content": "Name three colours of the rainbow, comma separated."}]
+    first = [{"role": "user", "content": CAPITALS[2]}]
     answer, usage = _chat(stack, first, "swarm-e2e")
     [before] = containers("inference")
     run("docker", "kill", "--signal", "TERM", before["Id"])  # drains and saves the sessions, then exits 0
@@ -184,7 +191,7 @@ def test_a_replaced_inference_task_answers_the_session_from_its_saved_kv(stack):
          "Swarm starts a new inference task")
     poll(all_healthy, HEALTHY_WITHIN_S, "the new inference task healthy")
     replaced_s = time.monotonic() - stopped_at
-    follow_up = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "Now one more."}]
+    follow_up = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": CAPITALS[3]}]
     resumed, resumed_usage = _chat(stack, follow_up, "swarm-e2e")  # the new process's first request
     cold, _ = _chat(stack, follow_up)
     assert resumed == cold, (resumed, cold)
@@ -285,9 +292,9 @@ def test_split_a_robot_chats_with_inference_over_tcp_with_curve_and_its_session_
     session's KV stays with inference, so the second turn reuses it, and answers as a cold request does."""
     assert "tcp://" in run("docker", "exec", containers("gateway", stack=SPLIT)[0]["Id"], "cat",
                            "/etc/magnitude/magnitude.yaml").stdout
-    first = [{"role": "user", "content": "Name two planets, comma separated."}]
+    first = [{"role": "user", "content": CAPITALS[0]}]
     answer, _ = _chat(split_stack, first, "split-e2e")
-    follow_up = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": "One more."}]
+    follow_up = [*first, {"role": "assistant", "content": answer}, {"role": "user", "content": CAPITALS[1]}]
     warm, warm_usage = _chat(split_stack, follow_up, "split-e2e")
     cold, _ = _chat(split_stack, follow_up)
     assert warm == cold and warm_usage.prompt_tokens_details.cached_tokens > 0, (warm, cold, warm_usage)
