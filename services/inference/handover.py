@@ -104,9 +104,11 @@ class Handover:
 
     # --- the scheduler thread's side ---------------------------------------------------------
     def schedule(self, sink: Sink) -> None:
-        """The scheduler thread's worker loop."""
+        """The scheduler thread's worker loop; stopped and idle, it writes the sessions to disk before it ends
+        (this thread owns the engines), while the runtime still answers health as ``stopping``."""
         self._sink = sink
         self.scheduler.run(self._intake, self.host.stopping_and_answered)
+        self.host.log.info("sessions_saved", sessions=self.scheduler.persist())
 
     def answer(self, job: Job) -> Answer:
         """Replies to ``job`` from the scheduler's thread."""

@@ -72,10 +72,8 @@ class InferenceService(Service):
         return details
 
     def close(self) -> None:
-        if self._threads[0].is_alive():  # the scheduler still owns the engines: writing them now would race
+        if self._threads[0].is_alive():  # it saves the sessions as it ends (Handover.schedule): not yet
             self.log.warning("sessions_not_saved", reason="the scheduler is still running")
-        else:
-            self.log.info("sessions_saved", sessions=self.scheduler.persist())
         self.models.close()
         self.core_lease.close()
 

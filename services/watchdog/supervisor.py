@@ -4,6 +4,8 @@
 - alive, but its ipc socket is gone              -> SIGKILL and start ("unreachable": no client can reach it)
 - alive, but ``hung_checks`` heartbeats failed   -> SIGKILL and start ("hung")
 - (re)started but silent past ``start_timeout_s`` -> SIGKILL and start ("start_timeout")
+- says it is stopping (SIGTERM: it drains, saves) -> left to exit for ``runtime.stop_timeout_s``, its socket
+                                                   closing meanwhile; then it is dead, or hung if still there
 - memory above its ceiling                       -> graceful restart, it drains first ("memory")
 
 Restarts back off: the first is immediate, each further one waits after the
@@ -38,7 +40,7 @@ Probe = Callable[[str], health.ServiceStatus]
 class ServiceState:
     """What the watchdog knows about one supervised service (``watchdog.status`` reports these fields)."""
 
-    state: str = "unknown"  # starting | healthy | unhealthy | dead | backoff
+    state: str = "unknown"  # starting | healthy | unhealthy | stopping | dead | backoff
     pid: int | None = None
     restarts: int = 0
     attempt: int = 0  # restarts since the service was last healthy for backoff_reset_s
@@ -50,12 +52,14 @@ class ServiceState:
     # monotonic bookkeeping, not reported
     started_mono: float = 0.0
     healthy_since: float | None = None
+    stopping_since: float | None = None
     next_restart_mono: float = 0.0
     prioritized_pid: int | None = None
 
     def report(self) -> dict[str, Any]:
         public = {k: v for k, v in asdict(self).items()
-                  if k not in ("started_mono", "healthy_since", "next_restart_mono", "prioritized_pid")}
+                  if k not in ("started_mono", "healthy_since", "stopping_since", "next_restart_mono",
+                               "prioritized_pid")}
         public["rss_mb"] = None if self.rss_mb is None else round(self.rss_mb, 1)
         return public
 
@@ -65,6 +69,7 @@ class Supervisor:
                  clock: Callable[[], float] = time.monotonic,
                  on_restart: Callable[[str, str], None] = lambda service, reason: None):
         self.cfg = config.watchdog
+        self.stop_timeout_s = config.runtime.stop_timeout_s()  # what a stopping service is given to exit
         self.backend = backend
         self.log = log
         self.on_restart = on_restart  # (service, reason): e.g. a metrics counter
@@ -116,7 +121,17 @@ class Supervisor:
             return
         if pid != s.pid:  # first sight, or restarted by someone else (docker's restart policy, a user)
             s.pid, s.state, s.started_mono, s.failed_checks, s.healthy_since = pid, "starting", now, 0, None
+            s.stopping_since = None
         status = self.probe(name)
+        if status.detail.get("stopping"):
+            if s.stopping_since is None:
+                s.stopping_since = now
+                self.log.info("service_stopping", service=name, pid=pid)
+            s.state = "stopping"
+        if s.stopping_since is not None:  # it drains and saves, then exits (its socket goes first)
+            if now - s.stopping_since > self.stop_timeout_s:
+                self._restart(name, s, "hung", now)  # still there long after it was told to stop
+            return
         if status.healthy:
             self._on_healthy(name, s, now)
         elif s.state == "starting":
@@ -171,6 +186,7 @@ class Supervisor:
                            else min(s.backoff_s * 2, self.cfg.backoff_max_s))
             s.next_restart_mono = now + s.backoff_s
             s.state, s.started_mono, s.failed_checks, s.healthy_since = "starting", self.clock(), 0, None
+            s.stopping_since = None
         s.pid = self.backend.pid(name)
         self.on_restart(name, reason)
         self.log.info("service_restarted", service=name, reason=reason, attempt=s.attempt, pid=s.pid,

@@ -37,6 +37,9 @@ from shared.telemetry import NullTelemetry, Telemetry
 from shared.service.workers import Answer, Job, Sink, Workers
 
 POLL_S = 0.1  # how long one round of the runtime's loop waits on its transports
+#: How long the watched threads may take to end after the drain: within the exit margin of
+#: ``runtime.stop_timeout_s`` (15 s), which is what a stopper waits after SIGTERM beyond the drain.
+THREADS_END_S = 10.0
 _REAP_EVERY_S = 5.0
 
 
@@ -191,8 +194,7 @@ class Runtime:
         self.log.info("service_started", pid=os.getpid(), shm_orphans_removed=len(removed), **opened,
                       **self.health_details())
         self._serve_until_drained()
-        for thread in self._threads:  # they exit once stopping and idle
-            thread.join(timeout=5)
+        self._serve_until_threads_end()
         for transport in self.transports:
             transport.close()
         self.log.info("service_stopping", drained=self.workers.queue.empty(), **self.metrics.totals())
@@ -218,6 +220,17 @@ class Runtime:
             if time.monotonic() - last_reap > _REAP_EVERY_S:
                 self.shm_pool.reap()
                 last_reap = time.monotonic()
+
+    def _serve_until_threads_end(self) -> None:
+        """Go on polling while the watched threads finish (they exit once stopping and idle; inference's scheduler
+        first writes its sessions to disk), up to ``THREADS_END_S``. Health answers ``stopping`` all the while, so
+        a supervisor waits for the exit instead of taking the closed socket of a busy one for a hung one."""
+        deadline = time.monotonic() + THREADS_END_S
+        while any(t.is_alive() for t in self._threads) and time.monotonic() < deadline:
+            for transport in self.transports:
+                transport.poll(POLL_S)
+        if any(t.is_alive() for t in self._threads):
+            self.log.warning("threads_still_running", threads=[t.name for t in self._threads if t.is_alive()])
 
     def _serve_metrics(self) -> None:
         """Start the HTTP /metrics endpoint if configured; a taken port costs the endpoint, not the service."""

@@ -88,7 +88,7 @@ class CountdownTransport(Transport):
         if not self.runtime.stopping:
             assert self.runtime.health()["workers"] == 1  # the loop's thread is watched like a worker
             self.runtime.stop()  # as SIGTERM would
-        else:
+        elif self.left:
             self.left -= 1
         self.calls.append("poll")
 
@@ -113,4 +113,46 @@ def test_a_stopped_runtime_drains_its_transports_then_closes_them(tmp_path):
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
-    assert transport.calls == ["open", "stop", "poll", "poll", "poll", "poll", "close with 0 unanswered"]
+    # It polls until drained (and on while its loop's thread ends), then closes the transport.
+    assert transport.calls[:6] == ["open", "stop", "poll", "poll", "poll", "poll"]
+    assert set(transport.calls[6:-1]) <= {"poll"} and transport.calls[-1] == "close with 0 unanswered"
+
+
+class SavingTransport(CountdownTransport):
+    """Its watched loop, once stopped, works a while longer (as inference's scheduler saves the sessions)."""
+
+    def __init__(self, runtime: Runtime):
+        super().__init__(runtime, unanswered_polls=0)
+        self.saving = threading.Event()
+
+    def loops(self):
+        return [self.save_after_stop]
+
+    def save_after_stop(self):
+        self.stopped.wait()
+        self.saving.set()
+        time.sleep(0.5)
+        self.calls.append("saved")
+
+    def poll(self, timeout_s):
+        super().poll(timeout_s)
+        if self.saving.is_set() and "saved" not in self.calls:
+            self.calls.append("polled while saving: stopping" if self.runtime.health()["stopping"] else "?")
+        time.sleep(timeout_s)
+
+
+def test_a_stopping_runtime_answers_until_its_threads_have_ended(tmp_path):
+    """Health is answered (``stopping``) while a watched thread still works after the drain, and the transport
+    closes after it: a supervisor sees a service stopping, not a closed socket beside a live process."""
+    runtime = Runtime(make_config(tmp_path))
+    transport = SavingTransport(runtime)
+    runtime.transports.append(transport)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        runtime.run()
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    calls = transport.calls
+    assert "polled while saving: stopping" in calls and "?" not in calls
+    assert calls.index("saved") < calls.index("close with 0 unanswered") == len(calls) - 1

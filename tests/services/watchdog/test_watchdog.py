@@ -171,6 +171,30 @@ def test_live_process_without_its_socket_is_restarted_at_once(tmp_path):
     assert len([c for c in backend.calls if c[0] == "restart"]) == 1
 
 
+def test_a_stopping_service_is_left_to_exit_and_ended_only_past_its_stop_timeout(tmp_path):
+    """SIGTERM'd, a service drains and saves (inference: its sessions), its socket closing before it exits: the
+    watchdog neither takes that for unreachable nor hung (killing it would lose what it saves) until the stop
+    timeout a stopper gives it (runtime.stop_timeout_s) has passed."""
+    sup, backend, clock, log, _ = make_supervisor(tmp_path, {"hung_checks": 1})
+    sup.tick()
+    stopping = ServiceStatus("inference", True, {"stopping": True}, None)
+    closed = ServiceStatus("inference", False, {}, "unavailable: no service listening at ipc://...")
+    for seen in (stopping, closed, closed):
+        sup.probe = lambda name, seen=seen: seen if name == "inference" else ServiceStatus(name, True, {}, None)
+        sup.tick()
+        clock.now += 2
+    assert not [c for c in backend.calls if c[0] in ("restart", "start")]
+    assert sup.status()["services"]["inference"]["state"] == "stopping" and log.named("service_stopping")
+    backend.pids["inference"] = None  # it has exited: started again (this backend does not replace it)
+    sup.tick()
+    assert backend.calls[-1] == ("start", "inference") and sup.states["inference"].last_reason == "dead"
+    sup.probe = lambda name: stopping if name == "inference" else ServiceStatus(name, True, {}, None)
+    sup.tick()  # the new one is told to stop too, and stays
+    clock.now += sup.stop_timeout_s + 1
+    sup.tick()
+    assert backend.calls[-1] == ("restart", "inference", True) and sup.states["inference"].last_reason == "hung"
+
+
 def test_a_platform_that_replaces_exited_services_is_left_to_it_and_a_hung_one_is_still_ended(tmp_path):
     """Swarm replaces a task that exits: the watchdog must not start one beside it, nor count its work."""
     healthy = {name: True for name in SERVICE_NAMES}
