@@ -103,9 +103,8 @@ class CountdownTransport(Transport):
         self.calls.append(f"close with {self.left} unanswered")
 
 
-def test_a_stopped_runtime_drains_its_transports_then_closes_them(tmp_path):
-    runtime = Runtime(make_config(tmp_path))
-    transport = CountdownTransport(runtime, unanswered_polls=3)
+def run_until_stopped(runtime: Runtime, transport: Transport) -> None:
+    """``runtime.run()`` over ``transport`` (which stops it), the test process's signal handlers kept."""
     runtime.transports.append(transport)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
@@ -113,6 +112,12 @@ def test_a_stopped_runtime_drains_its_transports_then_closes_them(tmp_path):
     finally:
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
+
+
+def test_a_stopped_runtime_drains_its_transports_then_closes_them(tmp_path):
+    runtime = Runtime(make_config(tmp_path))
+    transport = CountdownTransport(runtime, unanswered_polls=3)
+    run_until_stopped(runtime, transport)
     # It polls until drained (and on while its loop's thread ends), then closes the transport.
     assert transport.calls[:6] == ["open", "stop", "poll", "poll", "poll", "poll"]
     assert set(transport.calls[6:-1]) <= {"poll"} and transport.calls[-1] == "close with 0 unanswered"
@@ -146,13 +151,7 @@ def test_a_stopping_runtime_answers_until_its_threads_have_ended(tmp_path):
     closes after it: a supervisor sees a service stopping, not a closed socket beside a live process."""
     runtime = Runtime(make_config(tmp_path))
     transport = SavingTransport(runtime)
-    runtime.transports.append(transport)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        runtime.run()
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
+    run_until_stopped(runtime, transport)
     calls = transport.calls
     assert "polled while saving: stopping" in calls and "?" not in calls
     assert calls.index("saved") < calls.index("close with 0 unanswered") == len(calls) - 1
