@@ -98,7 +98,10 @@ def test_calculator_evaluates_without_eval(tools):
     client, _ = tools
     assert call(client, "calculator", expression="(3 + 4) * 2 ** 3")["output"] == "56"
     assert call(client, "calculator", expression="sqrt(2)")["output"] == "1.4142135624"
-    for hostile in ("__import__('os').system('id')", "().__class__", "9 ** 9 ** 9", "10 ** 100000"):
+    assert call(client, "calculator", expression="mean([42, 36, 45])")["output"] == "41"
+    assert call(client, "calculator", expression="09:15 + 85")["output"] == "10:40"
+    for hostile in ("__import__('os').system('id')", "().__class__", "9 ** 9 ** 9", "10 ** 100000",
+                    "sum([1] * 10 ** 9)", "[1, 2][5]"):
         err = failure(client, "calculator", expression=hostile)
         assert err.code == "tool_failed"
     assert "ZeroDivisionError" in failure(client, "calculator", expression="1/0").message
