@@ -373,7 +373,7 @@ class Run:
                     told = (len(history), index)
                 history.append(Turn("assistant", turn_text(message), message=message,  # as sent: the KV matches
                                     note=step.repeated))
-                outcomes = [] if step.repeated else (yield from self._call_tools(calls))
+                outcomes = [] if step.repeated else (yield from self._call_tools(calls, policy))
                 for i, (call, key) in enumerate(zip(calls, keys)):
                     if step.repeated:
                         result = _REPEATED.format(output=_result(made[key]))
@@ -445,13 +445,17 @@ class Run:
         self.trace.cached_tokens += reply.stats.cached_tokens
         self.trace.output_tokens += reply.stats.completion_tokens
 
-    def _call_tools(self, calls: list[dict]) -> Generator[ServiceCall, Any, list[CallRecord]]:
-        """Each call's outcome, in the step's order: the configured tools' run one at a time, the caller's handed
-        out together (one ``tool.calls`` request), as OpenAI's APIs hand a step's calls to their client."""
+    def _call_tools(self, calls: list[dict], policy: StepPolicy) -> Generator[ServiceCall, Any, list[CallRecord]]:
+        """Each call's outcome, in the step's order: the configured tools' run one at a time (unless the policy
+        computes one itself: a calculator call over a table read), the caller's handed out together (one
+        ``tool.calls`` request), as OpenAI's APIs hand a step's calls to their client."""
         parsed = [_parsed(call) for call in calls]
         theirs = [(done, args) for done, args in parsed if args is not None and done.name in self._caller_names]
         for done, args in parsed:
             if args is not None and done.name not in self._caller_names:
+                if (computed := policy.computed(done.name, args)) is not None:
+                    done.output, done.error, done.valid = computed.output, computed.error, True
+                    continue
                 try:
                     done.output = tool_output((yield self._ask("tools", "tool.call", {"tool": done.name, "args": args})))
                     done.valid = True

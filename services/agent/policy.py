@@ -19,7 +19,10 @@ The default policy is built from mechanisms that do not read the user's words:
   found, the loop evaluates it (``shared.arithmetic``), and an answer without that value is sent back with it
   (an answer that gives one of the figures read, where the task asks for their product, is told the product);
 - **tool names**: a reply that names a tool instead of calling it (before any call), or once tools have run
-  names one not called yet (a plan of the next step), is asked again with that tool named.
+  names one not called yet (a plan of the next step), is asked again with that tool named;
+- **named facts**: a calculator call that names a column of a table the run has read (``sum(minutes) /
+  len(minutes)``, ``services.agent.tables``) is computed by the loop over the values read (``shared.arithmetic``):
+  the tool, which knows no facts, could only refuse the name.
 
 The checks that read English words (``services.agent.english_rules``) apply only where
 ``agent.policy.english_rules`` says: by default to a task the model found to be in English.
@@ -35,7 +38,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Generator
 
-from services.agent import figures, language
+from services.agent import figures, language, tables
 from shared.arithmetic import evaluate
 from services.agent.english_rules import EnglishRules
 from services.agent.working_memory import PATH, WorkingMemory, lines
@@ -88,6 +91,14 @@ class Verdict:
     reasons: list[str] = field(default_factory=list)
     tool_choice: dict | None = None
     then: str = "Call the tool for the missing step."
+
+
+@dataclass(frozen=True)
+class Computed:
+    """A tool call the policy computed itself: its ``output``, or the ``error`` that says why it could not."""
+
+    output: str | None = None
+    error: str | None = None
 
 
 def named(tool: str, parameters: dict | None = None) -> dict:
@@ -205,6 +216,22 @@ class StepPolicy:
         found = self._mentions.search(text)
         return self.tools[int(found.lastgroup[1:])] if found else None
 
+    def computed(self, tool: str, arguments: dict) -> Computed | None:
+        """A calculator call that names columns of the tables the run has read, computed over their values
+        (None: it names none, and the tool computes it)."""
+        expression = arguments.get("expression")
+        if not self.settings.named_facts or tool != COMPUTE_TOOL or not isinstance(expression, str):
+            return None
+        named_facts: dict[str, list[float]] = {}
+        for _, _, result in self.memory.facts:
+            named_facts.update(tables.columns(result))  # a later read of a table wins
+        if not any(re.search(rf"(?<!\w){re.escape(name)}(?!\w)", expression) for name in named_facts):
+            return None
+        try:
+            return Computed(output=str(evaluate(expression, named_facts)))
+        except (SyntaxError, ValueError, ArithmeticError, TypeError) as exc:
+            return Computed(error=f"tool_failed: {type(exc).__name__}: {exc}")
+
     def answer_now(self) -> bool:
         """After a step's tool results: whether the next step must answer (what to count is read, so the count
         is read off the note's numbered lines; a small model writes Python for the calculator instead)."""
@@ -266,7 +293,7 @@ class StepPolicy:
             value = evaluate(expression)
         except (SyntaxError, ValueError, ArithmeticError, TypeError):
             return None
-        if figures.gives(answer, float(value)):
+        if not isinstance(value, (int, float)) or figures.gives(answer, float(value)):
             return None
         self.memory.add(COMPUTED, json.dumps({"expression": expression}), str(value))  # backs that figure
         return f"by the figures found, the answer is {expression} = {value}"

@@ -49,6 +49,8 @@ class StepPolicyConfig(Section):
     plans: bool = Field(True, description="once tools have run, a candidate answer that names a tool the run has "
                                           "not called (a plan of the next step, in prose) is asked again with "
                                           "that tool named")
+    named_facts: bool = Field(True, description="a calculator call that names a column of a table the run read "
+                                                "(sum(minutes) / len(minutes)) is computed over the values read")
     english_rules: Literal["off", "english", "always"] = Field(
         "english", description="the checks that read English words (units, 'how many', 'total'): off; only for "
                                "a task found to be in English; always")

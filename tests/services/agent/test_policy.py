@@ -226,3 +226,19 @@ def test_an_answer_that_names_a_tool_not_called_yet_is_a_plan_asked_again_with_t
     assert drive(policy.review("I made temp with mkdir."), no_question).reasons == []  # a report of what was done
     off = StepPolicy(settings.model_copy(update={"plans": False}), memory, tools)
     assert drive(off.review("Now you can move it with the `mv` function."), no_question).reasons == []
+
+
+def test_a_calculator_call_over_a_tables_columns_is_computed_over_the_values_read():
+    """The model names a column of a table it read (in any language: the names are the file's); the loop computes
+    it, since the calculator knows no facts. A call that names none is the calculator's."""
+    memory = Checked("¿Cuánto dura de media una pasada en robot/runs.csv, en minutos?")
+    memory.add("file_reader", '{"path": "robot/runs.csv"}',
+               "date,minutes,area_m2\n2026-12-01,42,51\n2026-12-02,36,47\n2026-12-03,45,55\n")
+    computed = memory.policy.computed("calculator", {"expression": "sum(minutes) / count(minutes)"})
+    assert computed is not None and computed.output == "41" and computed.error is None
+    assert memory.policy.computed("calculator", {"expression": "(42 + 36 + 45) / 3"}) is None
+    assert memory.policy.computed("file_reader", {"path": "minutes"}) is None
+    wrong = memory.policy.computed("calculator", {"expression": "minutes / 3"})
+    assert wrong is not None and wrong.output is None and "take its sum, mean" in wrong.error
+    memory.policy.settings = StepPolicyConfig(named_facts=False)
+    assert memory.policy.computed("calculator", {"expression": "sum(minutes)"}) is None
