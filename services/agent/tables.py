@@ -32,8 +32,8 @@ def columns(text: str) -> dict[str, list[float]]:
             names = _cells(header, separator)
             if len(names) < 2 or not all(_HEADER_CELL.fullmatch(name) for name in names):
                 continue
-            body = [_cells(row, separator) for row in rows[at + 1:]]
-            body = list(takewhile(lambda cells: len(cells) == len(names), body))
+            body = list(takewhile(lambda cells: len(cells) == len(names),
+                                  (_cells(row, separator) for row in rows[at + 1:])))
             for index, name in enumerate(names):
                 numbers = [_number(cells[index], separator) for cells in body]
                 if body and all(n is not None for n in numbers):
