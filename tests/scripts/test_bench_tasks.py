@@ -94,9 +94,10 @@ def test_the_test_sets_run_together_with_the_others():
     assert len(tasks) == sum(len(load_set(n)[0]) for n in available_sets())
 
 
-def test_no_single_source_of_a_held_out_multi_step_task_holds_its_answer():
-    """As for the tune set: neither a file the question names nor any memory of the set answers it alone."""
-    for name in TEST_SETS.values():
+def test_no_single_source_of_a_multi_step_task_in_any_language_holds_its_answer():
+    """As for the English tune set, in the held-out sets and the tune set's other languages: neither a file the
+    question names nor any memory of the set answers it alone."""
+    for name in [*TEST_SETS.values(), "tune_de", "tune_es", "tune_fr"]:
         tasks, files, memories = load_set(name)
         for task in (t for t in tasks if t.kind == "multi_step"):
             named = [text for path, text in files.items() if path in task.goal]
