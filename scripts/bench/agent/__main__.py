@@ -64,6 +64,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -231,6 +232,9 @@ def main() -> int:
                                                      f"({', '.join(available_sets())}; default: tune)")
     parser.add_argument("--limit", type=int, help="run only the first N tasks of each set (after --tasks), "
                                                   "for quick checks")
+    parser.add_argument("--goals", type=re.compile, help="run only the tasks whose question this regular expression "
+                                                        "finds (after --tasks and --limit); every file and memory of "
+                                                        "the sets is still there, so a task runs as in the whole run")
     parser.add_argument("--max-steps", type=int, default=6, help="model turns per task, both systems (default 6)")
     parser.add_argument("--max-tokens", type=int, default=256, help="tokens per model turn (default 256)")
     parser.add_argument("--n-ctx", type=int, default=4096, help="context size, both systems (default 4096)")
@@ -252,6 +256,8 @@ def main() -> int:
     if unknown := set(args.sets.split(",")) - set(available_sets()):
         parser.error(f"unknown task sets: {', '.join(sorted(unknown))} (there are {', '.join(available_sets())})")
     tasks, files, memories = load_sets(args.sets.split(","), kinds, args.limit)
+    if args.goals:
+        tasks = [task for task in tasks if args.goals.search(task.goal)]
     models = catalog_models(args.models.split(",") if args.models else None)
     binary = llama_server.build() if "peer" in args.systems else None  # built on first use: minutes
     version = llama_server.version(binary) if binary else None
