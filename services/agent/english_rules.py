@@ -120,13 +120,6 @@ class EnglishRules:
     def facts(self) -> list[tuple[str, str, str]]:
         return self.memory.facts
 
-    def pointed_to(self) -> list[str]:
-        """Unread files a result names on a line about the goal ("Babysitter: details in people/babysitter.txt"
-        for "contacts.txt tells where the babysitter's details are"; not the other files an index lists)."""
-        goal = _content_words(self.goal)
-        pointers = [line for _, _, r in self.facts for line in lines(r) if goal & _content_words(line)]
-        return self.memory.unread(*pointers) if pointers else []
-
     def invented(self, answer: str) -> list[str]:
         """Numbers in ``answer`` that the goal, the memories, the tool results and the conversions do not hold, even
         rounded up or down to the digits written, as a measure of the same kind where both name a unit (only once

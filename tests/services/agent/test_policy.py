@@ -81,6 +81,31 @@ def test_a_file_a_result_names_for_what_the_goal_asks_about_is_still_to_read():
     assert memory.unmet("Her number is 555-0178.") == []
 
 
+@pytest.mark.parametrize("goal, listing, pointed", [
+    ("In kontakte.txt steht, wo die Angaben zur Babysitterin sind. Wie ist ihre Telefonnummer?",
+     "Babysitterin: Angaben in personen/babysitterin.txt\nNachbar: Herr Okafor, Wohnung 2\nPutzplan: putzplan.txt",
+     "personen/babysitterin.txt"),
+    ("Die Anleitung des Geschirrspülers ist in anleitungen.txt eingetragen. Welches Programm empfiehlt sie?",
+     "Geschirrspüler: anleitungen/geschirrspueler.txt\nWaschmaschine: anleitungen/waschmaschine.txt",
+     "anleitungen/geschirrspueler.txt"),  # an inflection's ending: one word begins the other
+    ("La notice du lave-vaisselle est indiquée dans notices.txt. Quel programme recommande-t-elle ?",
+     "Lave-vaisselle : notices/lave-vaisselle.txt\nLave-linge : notices/lave-linge.txt",
+     "notices/lave-vaisselle.txt"),  # "lave", on every line, tells none apart
+    ("indice.txt dice en qué archivo está el menú de esta semana. ¿Qué hay para cenar el viernes?",
+     "Menú de esta semana: menus/semana49.txt\nTurnos de limpieza: turnos_limpieza.txt", "menus/semana49.txt"),
+])
+def test_a_file_a_result_points_to_is_still_to_read_in_any_language(goal, listing, pointed):
+    memory = WorkingMemory(goal)
+    policy = StepPolicy(StepPolicyConfig(answer_language=False, judge=False, recompute=False, english_rules="off"),
+                        memory, TOOLS)
+    index = memory.unread()[0]
+    memory.add("file_reader", f'{{"path": "{index}"}}', listing)
+    assert policy.to_read("") == [pointed]  # not the index's other files: nothing the task asks about
+    assert drive(policy.review("555-0142"), no_question).reasons[0] == f"{pointed} has not been read yet"
+    memory.add("file_reader", f'{{"path": "{pointed}"}}', "Sanft 40")
+    assert policy.to_read("") == []
+
+
 def test_working_memory_cuts_a_long_result_and_takes_no_number_for_a_path():
     memory = Checked("Read log.txt")
     memory.add("file_reader", '{"path": "log.txt"}', "x" * 1000 + " see version 2.4.1, e.g. 0.35 and v1.2")
