@@ -18,9 +18,6 @@ The default policy is built from mechanisms that do not read the user's words:
   from the figures found, under a schema that admits numbers and operators only; where every figure of it was
   found, the loop evaluates it (``shared.arithmetic``), and an answer without that value is sent back with it
   (an answer that gives one of the figures read, where the task asks for their product, is told the product);
-- **shown arithmetic**: each step of arithmetic a candidate answer writes out ("150 - 42 = 108") that is right over
-  figures the run found becomes a computed fact (``figures.shown_steps``): a reply that works the task out in
-  prose is not sent back for figures no tool computed;
 - **tool names**: a reply that names a tool instead of calling it (before any call), or once tools have run
   names one not called yet (a plan of the next step), is asked again with that tool named;
 - **named facts**: a calculator call that names a column of a table the run has read (``sum(minutes) /
@@ -252,10 +249,8 @@ class StepPolicy:
         """Whether the candidate ``answer`` stands, and if not why and which tool the next step is asked with."""
         unread = self.to_read(answer)
         english = self.english
-        self._check_shown_arithmetic(answer)
-        stated = figures.without_list_markers(answer) if self.settings.shown_arithmetic else answer  # "2. Add ..."
         reasons = [f"{path} has not been read yet" for path in unread] + (
-            english.unmet(stated) if english else self._unbacked(stated))
+            english.unmet(answer) if english else self._unbacked(answer))
         if unread:
             return Verdict(reasons, self.reader(unread))
         if planned := self._planned(answer):
@@ -266,7 +261,7 @@ class StepPolicy:
                 return Verdict(reasons, named(COMPUTE_TOOL))
             # an answer with figures nothing backs (a formula, a guess) is told to compute with a tool: it is asked
             # with one, the tool it names, else the calculator (asked freely, a small model writes the formula again)
-            invents = bool(self._invented(stated)) and not (english and english.counting())
+            invents = bool(self._invented(answer)) and not (english and english.counting())
             choice = self._tool_in(answer) or (named(COMPUTE_TOOL) if invents and COMPUTE_TOOL in self.tools else None)
             return Verdict(reasons, choice)
         if written := self._other_language(answer):
@@ -281,18 +276,6 @@ class StepPolicy:
                 missing = judged["missing"].strip() or "it is not the final answer yet"
                 return Verdict([missing], self._tool_in(answer))
         return Verdict()
-
-    def _check_shown_arithmetic(self, answer: str) -> None:
-        """Each step of arithmetic ``answer`` shows right, over figures the run found (or an earlier step gave),
-        becomes a computed fact: it backs the figure it gives, as a calculator call would have."""
-        if not self.settings.shown_arithmetic:
-            return
-        done = {arguments for tool, arguments, _ in self.memory.facts if tool == COMPUTED}
-        for expression, value in figures.shown_steps(answer):
-            arguments = json.dumps({"expression": expression})
-            if arguments not in done and not figures.unbacked(expression, self._sources()):
-                self.memory.add(COMPUTED, arguments, f"{value:.10g}")
-                done.add(arguments)
 
     def _other_language(self, answer: str) -> str | None:
         """The language ``answer`` is surely written in where that is not the task's, the first time only (None:

@@ -49,9 +49,6 @@ class StepPolicyConfig(Section):
     plans: bool = Field(True, description="once tools have run, a candidate answer that names a tool the run has "
                                           "not called (a plan of the next step, in prose) is asked again with "
                                           "that tool named")
-    shown_arithmetic: bool = Field(True, description="the arithmetic a candidate answer shows (\"150 - 42 = 108\", in "
-                                                     "prose or LaTeX) is checked by the loop: each step it gets "
-                                                     "right, over figures the run found, backs the figure it gives")
     named_facts: bool = Field(True, description="a calculator call that names a column of a table the run read "
                                                 "(sum(minutes) / len(minutes)) is computed over the values read")
     english_rules: Literal["off", "english", "always"] = Field(

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
-
-from services.agent import figures
 from services.agent.figures import readings, unbacked
 
 
@@ -34,20 +31,3 @@ def test_the_cells_of_a_csv_row_are_figures():
     table = "item,euros\nelectricity,84.20\ninternet,39.99\n2026-12-01,42,51\n"
     assert unbacked("Strom: 84,20 Euro, Internet 39.99.", [table]) == []
     assert unbacked("Der Lauf dauerte 42 Minuten auf 51 m².", [table]) == []
-
-
-def test_the_arithmetic_an_answer_shows_is_read_in_prose_or_latex_and_kept_only_where_it_is_right():
-    latex = ("1. The rest:\n   \\[\n   150 \\text{ euros} - 42 \\text{ euros} = 108 \\text{ euros}\n   \\]\n"
-             "2. Per week:\n   \\[\n   \\frac{108 \\text{ euros}}{6 \\text{ euros/week}} = 18 \\text{ weeks}\n   \\]")
-    assert [value for _, value in figures.shown_steps(latex)] == [108, 18]
-    german = "Das macht 3 x 6,49 € = 19,47 €, dazu 2 · 2,85 = 5,70; zusammen 19,47 + 5,70 = 25,17 Euro."
-    assert figures.shown_steps(german) == [("3 * 6.49", 19.47), ("2 * 2.85", 5.7), ("19.47 + 5.70", 25.17)]
-    # wrong steps are not taken; a result is the value rounded or cut off to its digits, never further
-    steps = figures.shown_steps("12 / 5 = 3, 2+2=5 and 1,500 * 2 = 3,000; 987654 / 123 = 8029; 10/3 = 3.34")
-    assert [expression for expression, _ in steps] == ["1500 * 2", "987654 / 123"]
-    assert [value for _, value in steps] == pytest.approx([3000, 987654 / 123])
-    assert figures.shown_steps("The code is 5093 = the one on the door. 2 hours and 40 minutes = 160") == []
-
-
-def test_an_ordered_lists_markers_are_not_figures():
-    assert figures.without_list_markers("1. Read it\n  2) Add 3 and 4\n12 apples.") == " Read it\n   Add 3 and 4\n12 apples."
