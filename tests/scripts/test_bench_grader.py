@@ -45,5 +45,6 @@ def test_an_answer_in_another_language_fails_a_bare_figure_passes():
     assert not grader.correct("Hay 14 tarjetas en la lista.", ("14",), "fr")
     assert grader.correct("Il y a 14 cartes à écrire.", ("14",), "fr")
     assert grader.correct("Es sind 5 Gäste.", ("5",), "de")
+    assert grader.correct("Am Freitag zum Abendessen gibt es Lasagne.", ("Lasagne",), "de")  # "es" is German too
     assert grader.correct("1200", ("1200",), "de")
     assert grader.correct("25,17 €", ("25.17",), "es")

@@ -32,12 +32,12 @@ _NUMBER_WORDS["es"].update({"una": 1, "un": 1})
 _NUMBER_WORDS["fr"].update({"une": 1})
 
 #: Frequent short words of one language that none of the other three writes as a word of its own ("in", "de",
-#: "la", "en", "y", "un", "son", "le", "was", "will", "am" are left out: two languages share them).
+#: "la", "en", "y", "un", "son", "le", "was", "will", "am", "es" are left out: two languages share them).
 _MARKERS = {
     "en": "the is are and of it there you your has have with for this that which to at from be needs need",
     "de": "der die das den dem ist sind und nicht mit für von zu auf im noch wird hat haben bei aus auch ich wir "
           "ein eine einen sie",
-    "es": "el los las es del una está están hay con para por muy tiene lo al su sus más puedes este esta estos "
+    "es": "el los las del una está están hay con para por muy tiene lo al su sus más puedes este esta estos "
           "estas también pero",
     "fr": "les est sont et du des une avec pour il elle au aux ce cette dans pas sur vous faut à ne fait",
 }
