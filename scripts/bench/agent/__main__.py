@@ -130,9 +130,10 @@ def bench_model(name: str, model_path: Path, tasks: list[Task], memories: list[s
     path.write_text(dump_config(config))
     start(config, path, ("embedding", "retrieval", "tools", "optimizer"))
     try:
-        with Client.for_service("retrieval", config, timeout_s=120) as retrieval:
-            retrieval.request("memory.upsert_many", {"collection": config.agent.memory_collection, "items": [
-                {"id": f"m{i}", "text": text} for i, text in enumerate(memories)]})
+        if memories:  # the false-positive set alone has none, and an empty upsert is a bad request
+            with Client.for_service("retrieval", config, timeout_s=120) as retrieval:
+                retrieval.request("memory.upsert_many", {"collection": config.agent.memory_collection, "items": [
+                    {"id": f"m{i}", "text": text} for i, text in enumerate(memories)]})
         result = {"model": name, "size_mib": round(model_path.stat().st_size / 2**20), "decode_tps": None}
         with heavy_lock(not args.no_lock):  # both sides of one model under one hold: the same box load
             if set(args.systems) - {"peer"}:
