@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Generator
 
-from services.agent import figures, language, tables
+from services.agent import figures, language, tables, topic
 from shared.arithmetic import evaluate
 from services.agent.english_rules import EnglishRules
 from services.agent.working_memory import PATH, WorkingMemory, lines
@@ -178,12 +178,21 @@ class StepPolicy:
         return f"{note}\n{instruction}" if (instruction := self.instruction()) else note
 
     def to_read(self, answer: str) -> list[str]:
-        """Unread files the answer cannot do without: those the task or ``answer`` names. None where the run has
-        no tool that reads a file: a file a task names for other tools to act on (move it, copy it) is not there
-        to be read."""
+        """Unread files the answer cannot do without: those the task or ``answer`` names, and those a result names
+        on the lines most about the task (``pointed_to``). None where the run has no tool that reads
+        a file: a file a task names for other tools to act on (move it, copy it) is not there to be read."""
         if not self.settings.unread_files or not self.readers:
             return []
-        return self.memory.unread(self.memory.goal, answer)
+        return list(dict.fromkeys([*self.memory.unread(self.memory.goal, answer), *self.pointed_to()]))
+
+    def pointed_to(self) -> list[str]:
+        """Unread files a result names on the lines that share the most words with the task ("Babysitter: details
+        in people/babysitter.txt" for "contacts.txt tells where the babysitter's details are"; not the other files
+        an index lists): ``services.agent.topic``, in any language."""
+        memory = self.memory
+        pointers = [line for _, _, result in memory.facts for line in lines(result) if PATH.search(line)]
+        about = topic.about(memory.goal, pointers)
+        return memory.unread(*about) if about else []  # (no text: unread() would name every file)
 
     def first_choice(self) -> dict | None:
         """The tool a step is asked with before the model has what the task names: the reader while the task

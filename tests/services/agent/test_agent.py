@@ -232,7 +232,7 @@ def answer(text: str) -> dict:
     return {"role": "assistant", "content": text}
 
 
-def test_each_step_restates_what_the_tools_gave():
+def test_each_step_restates_what_the_tools_gave_and_the_file_still_to_read():
     goal = "My bike lock code is in the file that todo.txt points to. What is the code?"
     files = {"todo.txt": "Buy stamps\nThe bike lock code is in notes/bike.txt\n", "notes/bike.txt": "Code: 3817\n"}
     services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "todo.txt"}')]},
@@ -242,8 +242,9 @@ def test_each_step_restates_what_the_tools_gave():
     assert trace.answer == "The code is 3817." and not any(s.rejected for s in trace.steps)
     second, third = [r.body["messages"][-1]["content"] for r in services.steps()][1:]
     assert second.startswith(f"Task: {goal}\nFound so far:\n"
-                             '- file_reader {"path": "todo.txt"} -> Buy stamps / The bike lock code is in notes/bike.txt\n')
-    assert '{"path": "notes/bike.txt"} -> Code: 3817' in third
+                             '- file_reader {"path": "todo.txt"} -> Buy stamps / The bike lock code is in notes/bike.txt\n'
+                             "Not read yet: notes/bike.txt.\n")
+    assert '{"path": "notes/bike.txt"} -> Code: 3817' in third and "Not read yet" not in third
 
 
 def test_an_answer_that_only_points_to_an_unread_file_is_sent_back_to_the_reader():

@@ -48,22 +48,62 @@ class Checked:
 
 def test_working_memory_names_the_files_still_to_read_and_restates_each_result():
     memory = Checked("My bike lock code is in the file that todo.txt points to. What is the code?")
-    assert memory.unread() == ["todo.txt"] and memory.still_to_read("") == ["todo.txt"]
+    assert memory.unread() == ["todo.txt"]
     other = Checked(memory.goal)
     other.add("file_reader", '{"path": "my_todo.txt"}', "Error: not_found: my_todo.txt")
     assert other.unread() == ["todo.txt"]  # another file whose name ends the same is not it
     memory.add("file_reader", '{"path": "todo.txt"}', "Buy stamps\nThe bike lock code is in notes/bike.txt\n")
     assert memory.unread() == ["notes/bike.txt"]  # the goal's file is read; the one it names is not
-    assert memory.note().splitlines() == [  # a file a result names is the model's to follow: no check reads it
+    note = memory.note()
+    assert note.splitlines() == [
         "Task: My bike lock code is in the file that todo.txt points to. What is the code?",
         "Found so far:",
-        '- file_reader {"path": "todo.txt"} -> Buy stamps / The bike lock code is in notes/bike.txt']
+        '- file_reader {"path": "todo.txt"} -> Buy stamps / The bike lock code is in notes/bike.txt',
+        "Not read yet: notes/bike.txt."]
     assert memory.unmet("The code is kept in notes/bike.txt.") == ["notes/bike.txt has not been read yet"]
     memory.add("file_reader", '{"path": "index.txt"}', "Menus: menus/week49.txt\nRota: rota.txt\n")
-    assert memory.unmet("See menus/week49.txt.") == ["menus/week49.txt has not been read yet"]
+    assert memory.unmet("The lock is on the bike.") == [  # the file todo.txt names for the code, not the index's files
+        "notes/bike.txt has not been read yet"]
+    assert memory.unmet("See menus/week49.txt.") == ["menus/week49.txt has not been read yet",
+                                                     "notes/bike.txt has not been read yet"]
     memory.add("file_reader", '{"path": "notes/bike.txt"}', "Bike lock code: 3817\n")
     assert memory.unread() == ["menus/week49.txt", "rota.txt"] and memory.unread(memory.goal) == []
-    assert memory.unmet("The code is 3817.") == []
+    assert "Not read yet" not in memory.note()  # the index's other files: nothing the task asks about
+
+
+def test_a_file_a_result_names_for_what_the_goal_asks_about_is_still_to_read():
+    memory = Checked("contacts.txt tells where the babysitter's details are. What is her phone number?")
+    memory.add("file_reader", '{"path": "contacts.txt"}',
+               "Babysitter: details in people/babysitter.txt\nNeighbour: Mr Okafor, flat 2\nRota: rota.txt\n")
+    assert memory.unmet("Her number is Mr Okafor, flat 2.") == ["people/babysitter.txt has not been read yet"]
+    assert memory.still_to_read("") == ["people/babysitter.txt"]  # not rota.txt: nothing the goal asks about
+    memory.add("file_reader", '{"path": "people/babysitter.txt"}', "Phone: 555-0178\n")
+    assert memory.unmet("Her number is 555-0178.") == []
+
+
+@pytest.mark.parametrize("goal, listing, pointed", [
+    ("In kontakte.txt steht, wo die Angaben zur Babysitterin sind. Wie ist ihre Telefonnummer?",
+     "Babysitterin: Angaben in personen/babysitterin.txt\nNachbar: Herr Okafor, Wohnung 2\nPutzplan: putzplan.txt",
+     "personen/babysitterin.txt"),
+    ("Die Anleitung des Geschirrspülers ist in anleitungen.txt eingetragen. Welches Programm empfiehlt sie?",
+     "Geschirrspüler: anleitungen/geschirrspueler.txt\nWaschmaschine: anleitungen/waschmaschine.txt",
+     "anleitungen/geschirrspueler.txt"),  # an inflection's ending: one word begins the other
+    ("La notice du lave-vaisselle est indiquée dans notices.txt. Quel programme recommande-t-elle ?",
+     "Lave-vaisselle : notices/lave-vaisselle.txt\nLave-linge : notices/lave-linge.txt",
+     "notices/lave-vaisselle.txt"),  # "lave", on every line, tells none apart
+    ("indice.txt dice en qué archivo está el menú de esta semana. ¿Qué hay para cenar el viernes?",
+     "Menú de esta semana: menus/semana49.txt\nTurnos de limpieza: turnos_limpieza.txt", "menus/semana49.txt"),
+])
+def test_a_file_a_result_points_to_is_still_to_read_in_any_language(goal, listing, pointed):
+    memory = WorkingMemory(goal)
+    policy = StepPolicy(StepPolicyConfig(answer_language=False, judge=False, recompute=False, english_rules="off"),
+                        memory, TOOLS)
+    index = memory.unread()[0]
+    memory.add("file_reader", f'{{"path": "{index}"}}', listing)
+    assert policy.to_read("") == [pointed]  # not the index's other files: nothing the task asks about
+    assert drive(policy.review("555-0142"), no_question).reasons[0] == f"{pointed} has not been read yet"
+    memory.add("file_reader", f'{{"path": "{pointed}"}}', "Sanft 40")
+    assert policy.to_read("") == []
 
 
 def test_working_memory_cuts_a_long_result_and_takes_no_number_for_a_path():
@@ -130,6 +170,16 @@ def test_a_list_to_count_is_numbered_in_the_note_and_an_answer_without_a_count_i
                           compute_tool="calculator")
     grams.add("file_reader", '{"path": "recipe.txt"}', "flour: 250 g\nmilk: 500 ml\n")
     assert not grams.counting() and "1." not in grams.note()  # how many of a unit: computed, not counted
+
+
+def test_an_answer_that_repeats_the_task_is_sent_to_the_file_a_result_points_to():
+    memory = Checked("The dishwasher's manual is listed in manuals.txt. Which program does it recommend?",
+                     compute_tool="calculator")
+    memory.add("file_reader", '{"path": "manuals.txt"}', "Dishwasher: manuals/dishwasher.txt\n")
+    assert memory.unmet("The dishwasher's manual is listed in manuals.txt.") == [
+        "manuals/dishwasher.txt has not been read yet"]
+    memory.add("file_reader", '{"path": "manuals/dishwasher.txt"}', "Recommended: Delicate\n")
+    assert memory.unmet("It recommends Delicate.") == []
 
 
 def test_an_answer_that_gives_what_was_found_or_repeats_the_tasks_words_stands():
