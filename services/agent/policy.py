@@ -179,8 +179,8 @@ class StepPolicy:
 
     def to_read(self, answer: str) -> list[str]:
         """Unread files the answer cannot do without: those the task or ``answer`` names, and those a result names
-        on the lines most about the task (``pointed_to``). None where the run has no tool that reads
-        a file: a file a task names for other tools to act on (move it, copy it) is not there to be read."""
+        on the lines most about the task (``pointed_to``). None where the run has no tool that reads a file: a
+        file a task names for other tools to act on (move it, copy it) is not there to be read."""
         if not self.settings.unread_files or not self.readers:
             return []
         return list(dict.fromkeys([*self.memory.unread(self.memory.goal, answer), *self.pointed_to()]))
