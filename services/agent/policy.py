@@ -186,9 +186,9 @@ class StepPolicy:
         return list(dict.fromkeys([*self.memory.unread(self.memory.goal, answer), *self.pointed_to()]))
 
     def pointed_to(self) -> list[str]:
-        """Unread files a result names on the lines that share the most words with the task ("Babysitter: details
-        in people/babysitter.txt" for "contacts.txt tells where the babysitter's details are"; not the other files
-        an index lists): ``services.agent.topic``, in any language."""
+        """Unread files a result names on the lines that share the most words with the task ("Plumber: details in
+        people/plumber.txt" for "contacts.txt says where the plumber's details are"; not the other files an index
+        lists): ``services.agent.topic``, in any language."""
         memory = self.memory
         pointers = [line for _, _, result in memory.facts for line in lines(result) if PATH.search(line)]
         about = topic.about(memory.goal, pointers)

@@ -1,10 +1,10 @@
 """Which lines of what a run read are about its task: the words they share with it, in any language.
 
-A result that points elsewhere ("Babysitter: details in people/babysitter.txt") is followed where its line is
+A result that points elsewhere ("Plumber: details in people/plumber.txt") is followed where its line is
 about what the task asks. Words are compared by their letters alone: two words are the same where one begins
-the other and the shorter has at least four letters (an inflection's ending: "Geschirrspülers" and
-"Geschirrspüler"), so no language's word list is needed; a word every one of several lines holds ("lave" of
-"Lave-vaisselle" and "Lave-linge") tells none of them apart and is not counted. File paths are not words here:
+the other and the shorter has at least four letters (an inflection's ending: "Kühlschranks" and
+"Kühlschrank"), so no language's word list is needed; a word every one of several lines holds ("boîte" of
+"Boîte rouge" and "Boîte bleue") tells none of them apart and is not counted. File paths are not words here:
 a path is named alike in the task and in the line that points to it without saying what the file is about.
 """
 
