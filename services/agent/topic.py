@@ -2,12 +2,12 @@
 it, in any language.
 
 A result that points elsewhere ("Plumber: details in people/plumber.txt") is followed where its line is
-about what the task asks; a recalled memory is restated in the note where it shares a word with the task.
-Words are compared by their letters alone: two words are the same where one begins the other and the shorter
-has at least four letters (an inflection's ending: "Kühlschranks" and "Kühlschrank"), so no language's word
-list is needed; a word every one of several lines holds ("boîte" of "Boîte rouge" and "Boîte bleue") tells
-none of them apart and is not counted. File paths are not words here: a path is named alike in the task and
-in the line that points to it without saying what the file is about."""
+about what the task asks; a recalled memory is restated in the note where it shares a word with the task. Words are compared by their letters alone: two words are the same where one begins
+the other and the shorter has at least four letters (an inflection's ending: "Kühlschranks" and
+"Kühlschrank"), so no language's word list is needed; a word every one of several lines holds ("boîte" of
+"Boîte rouge" and "Boîte bleue") tells none of them apart and is not counted. File paths are not words here:
+a path is named alike in the task and in the line that points to it without saying what the file is about.
+"""
 
 from __future__ import annotations
 

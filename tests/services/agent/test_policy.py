@@ -222,11 +222,11 @@ def test_the_note_restates_only_the_recalled_memories_that_share_a_word_with_the
 
 
 def test_the_note_picks_the_memories_by_their_words_in_any_language():
-    recalled = ["Der Wassertank des Wohnmobils fasst 120 Liter.", "Der Zahnarzttermin ist am Dienstag um 9 Uhr.",
-                "Unsere Katze frisst zweimal am Tag."]
-    note = Checked("Wie viel Wasser passt in den Tank des Wohnmobils? Es steht in meinen Erinnerungen.", recalled).note()
-    assert "- Der Wassertank des Wohnmobils fasst 120 Liter." in note  # "Wasser" begins "Wassertank"
-    assert "Zahnarzt" not in note and "Katze" not in note
+    recalled = ["Der Heizöltank fasst 1500 Liter und ist zu 35 % voll.", "Tom füttert jeden Donnerstag die Fische.",
+                "Die Fahrt zu Oma dauert 2 Stunden und 40 Minuten."]
+    note = Checked("Wie viele Liter Heizöl sind noch im Tank? Schau in meinen Erinnerungen nach.", recalled).note()
+    assert "- Der Heizöltank fasst 1500 Liter" in note  # "Heizöl" begins "Heizöltank"
+    assert "Fische" not in note and "Oma" not in note
 
 
 def _spec(name, required, *optional):
