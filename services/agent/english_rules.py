@@ -1,7 +1,7 @@
 """English rules: checks of a candidate answer, and hints for the next step, that read English words.
 
 Written for the default model on the tune set's English tasks (docs/agents.md tells which failure each
-answers): units after "in" or "how many", "how many" as a count.
+answers): units after "in" or "how many", "how many" as a count, a stop-word list for what a memory is about.
 (Four rules were deleted after they misfired on the false-positive set and paid nothing on the test set: "total",
 "left" or "cost" as a request to compute, with the computed figure's absence; every figure of the task, and
 "twice", as figures a calculation must use; an answer in the task's words as an echo.) They misread other
@@ -15,8 +15,7 @@ from __future__ import annotations
 import math
 import re
 
-from services.agent import topic
-from services.agent.working_memory import NUMBER, WorkingMemory, lines
+from services.agent.working_memory import PATH, NUMBER, WorkingMemory, lines
 
 #: Units a task may ask its answer in, by what they measure: each unit's spellings after a number.
 _UNITS = {
@@ -47,6 +46,11 @@ _SPELLINGS = "|".join(sorted(map(re.escape, _UNIT_OF), key=len, reverse=True))
 _UNIT_AFTER = re.compile(rf"\s?(?:degrees?\s)?({_SPELLINGS})(?![\w°])", re.IGNORECASE)
 #: The unit a task asks its answer in ("in centimetres", "how many minutes"); words only, no "m" or "F".
 _ASKED_UNIT = re.compile(rf"\b(?:in|into|to|how many(?: more)?)\s+(?:degrees\s)?({_SPELLINGS})\b", re.IGNORECASE)
+_WORD = re.compile(r"[\w'.-]*\w")
+#: Words a goal and a memory share without being about the same thing.
+_COMMON_WORDS = frozenset("what which that this have does with from they them their there many much will would "
+                          "should could into about your mine memories memory file files says said tells where "
+                          "read".split())
 _HOW_MANY = re.compile(r"\bhow many\b", re.IGNORECASE)
 #: A reply that writes code (a fenced block), and a goal that asks for code.
 _CODE_BLOCK = re.compile(r"```")
@@ -74,6 +78,13 @@ def _quantities(text: str) -> list[tuple[str, float, tuple[str, str] | None]]:
 def _values(text: str) -> list[tuple[str, float]]:
     """Each number in ``text``: as written and its value."""
     return [(written, value) for written, value, _ in _quantities(text)]
+
+
+def _content_words(text: str) -> set[str]:
+    """The words of ``text`` that say what it is about: longer than three letters, not common, no file paths,
+    a possessive's "'s" dropped (a memory or a result line "about" the same thing as a goal shares one)."""
+    words = (w.removesuffix("'s") for w in _WORD.findall(PATH.sub(" ", text).lower()))
+    return {w for w in words if len(w) > 3} - _COMMON_WORDS
 
 
 def _unit(spelled: str) -> tuple[str, str] | None:
@@ -139,7 +150,7 @@ class EnglishRules:
         goal asks for (same kind, another unit)."""
         if not (want := self.asked_unit()):
             return []
-        texts = (self.goal, *topic.related(self.goal, self.memories), *(r for _, _, r in self.facts))
+        texts = (self.goal, *self.related_memories(), *(r for _, _, r in self.facts))
         units = dict.fromkeys(u for text in texts for _, _, u in _quantities(text) if u and u[0] == want[0])
         return [conversion(unit, want[1]) for _, unit in units if unit != want[1]]
 
@@ -174,3 +185,9 @@ class EnglishRules:
         if _CODE_BLOCK.search(answer) and not _ASKS_FOR_CODE.search(self.goal):  # the default model's plan for a count
             reasons.append("it writes code instead of answering; the tools do not run it")
         return reasons
+
+    def related_memories(self) -> list[str]:
+        """The recalled memories that share a word with the goal: restated in the note, since the default model asked
+        again for a price it had been given, and answered from an unrelated memory when all were restated."""
+        goal = _content_words(self.goal)
+        return [m for m in self.memories if goal & _content_words(m)]

@@ -173,9 +173,7 @@ class StepPolicy:
         extra = []
         if counting:  # else a small model writes Python for the calculator: sum(1 for line in ...)
             extra.append("Count with the numbered lines above; the calculator cannot count.")
-        # Only the recalled memories about the task: with every one restated the default model answered with a figure
-        # or a name from an unrelated one, and with none it asked again for what it had been given.
-        note = memory.note(topic.related(memory.goal, memory.memories), self.to_read(""),
+        note = memory.note(english.related_memories() if english else memory.memories, self.to_read(""),
                            numbered=counting, extra=extra)
         return f"{note}\n{instruction}" if (instruction := self.instruction()) else note
 
