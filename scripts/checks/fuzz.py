@@ -133,6 +133,7 @@ class FakeEmbedder:
 
     dim = 384
     model_path = Path("fake.gguf")
+    name = "fake"
 
     def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
         """As ``Embedder.embed``: the vectors and the tokens they came from."""
@@ -170,7 +171,7 @@ class Services:
             "gateway": {"port": 0, "allowed_hosts": ["testserver"], "request_timeout_s": 2},
             "metrics": {"enabled": False}})
         self.inference = InferenceService(config)
-        with mock.patch("services.embedding.service.Embedder", lambda config: FakeEmbedder()):
+        with mock.patch("services.embedding.service.open_embedder", lambda config: FakeEmbedder()):
             self.embedding = EmbeddingService(config)
         self.retrieval = RetrievalService(config)
         self.retrieval._embed = lambda texts: FakeEmbedder().embed(texts)[0]

