@@ -127,7 +127,8 @@ def bench_model(name: str, model_path: Path, tasks: list[Task], memories: list[s
                 binary: str | None) -> dict:
     print(f"\n=== {name} ({model_path.stat().st_size / 2**20:.0f} MiB) ===", file=sys.stderr, flush=True)
     config = bench_config(home, model_path, args.n_ctx, args.max_steps, args.max_tokens,
-                          any(t.kind == "mcp" for t in tasks), args.policy, args.embedding_model)
+                          any(t.kind == "mcp" for t in tasks), args.policy, args.embedding_model,
+                          args.recall_min_score)
     path = home / "bench.yaml"
     path.write_text(dump_config(config))
     start(config, path, ("embedding", "retrieval", "tools", "optimizer"))
@@ -250,6 +251,9 @@ def main() -> int:
     parser.add_argument("--embedding-model", choices=get_args(EmbeddingModel), default="all-minilm-l6-v2",
                         help="the encoder the memories are recalled with (memory.embedding_model; default "
                              "all-minilm-l6-v2)")
+    parser.add_argument("--recall-min-score", type=float, help="the cosine similarity a memory needs to be recalled "
+                                                                 "into a run's first prompt (agent.recall_min_score; "
+                                                                 "default: the configuration's, 0.35)")
     parser.add_argument("--no-lock", action="store_true", help=f"do not take {HEAVY_LOCK} (already held)")
     args = parser.parse_args()
     stop_services_on_sigterm()
