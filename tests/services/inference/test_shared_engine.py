@@ -10,7 +10,6 @@ tools service (calculator, file_reader over the benchmark's files) and the gatew
 
 from __future__ import annotations
 
-import statistics
 import threading
 import time
 
@@ -163,35 +162,44 @@ def test_dropped_clients_free_their_generations(stack):
 
 def test_a_backtracking_regex_neither_stalls_another_stream_nor_restarts_inference(stack):
     """A tool schema with ^(a+)+$ and a reply that writes a long run of a's and a '!': RE2 answers it in linear
-    time, off the decode thread; another session's stream keeps its pace and inference keeps its process."""
+    time, off the decode thread; another session's stream keeps the pace it keeps beside the same request with
+    a plain schema, and inference keeps its process."""
     pid = inference_health(stack)["pid"]
-    tools = [{"type": "function", "function": {
-        "name": "echo", "description": "Echo a text.",
-        "parameters": {"type": "object", "properties": {"text": {"type": "string", "pattern": "^(a+)+$"}},
-                       "required": ["text"]}}}]
     call_text = '[{"name": "echo", "arguments": {"text": "' + "a" * 60 + '!"}}]'
-    hostile: dict = {}
 
-    def send_hostile() -> None:
-        t0 = time.monotonic()
-        try:
-            hostile["reply"] = sdk(stack).chat.completions.create(
-                model=CHAT_MODEL, tools=tools, max_tokens=96, temperature=0,
-                messages=[{"role": "user", "content": f"Reply with exactly this text and nothing else: {call_text}"}])
-        except openai.BadRequestError as err:
-            hostile["refused"] = err
-        hostile["seconds"] = time.monotonic() - t0
+    def gaps_beside(text_schema: dict) -> tuple[list[float], dict]:
+        """The other stream's gaps while a request whose tool takes ``text_schema`` is answered."""
+        tools = [{"type": "function", "function": {
+            "name": "echo", "description": "Echo a text.",
+            "parameters": {"type": "object", "properties": {"text": text_schema}, "required": ["text"]}}}]
+        request: dict = {}
 
-    stream = sdk(stack, f"steady-{time.monotonic_ns()}").completions.create(
-        model=CHAT_MODEL, prompt="Count from one to two hundred in words: one, two,", max_tokens=400, temperature=0,
-        stream=True)
-    gaps = gaps_while(stream, 8, send_hostile)
-    stream.close()
-    assert "seconds" in hostile and hostile["seconds"] < 60
+        def send() -> None:
+            t0 = time.monotonic()
+            try:
+                request["reply"] = sdk(stack).chat.completions.create(
+                    model=CHAT_MODEL, tools=tools, max_tokens=96, temperature=0,
+                    messages=[{"role": "user", "content": f"Reply with exactly this text and nothing else: {call_text}"}])
+            except openai.BadRequestError as err:
+                request["refused"] = err
+            request["seconds"] = time.monotonic() - t0
+
+        stream = sdk(stack, f"steady-{time.monotonic_ns()}").completions.create(
+            model=CHAT_MODEL, prompt="Count from one to two hundred in words: one, two,", max_tokens=400,
+            temperature=0, stream=True)
+        gaps = gaps_while(stream, 8, send)
+        stream.close()
+        assert "seconds" in request and request["seconds"] < 60
+        return gaps, request
+
+    plain_gaps, _ = gaps_beside({"type": "string"})
+    hostile_gaps, hostile = gaps_beside({"type": "string", "pattern": "^(a+)+$"})
     REPORT.append(f"regex request answered in {hostile['seconds']:.2f} s; the other stream's longest gap meanwhile "
-                  f"{max(gaps) * 1000:.0f} ms over {len(gaps)} tokens")
-    # Its pace is this box's (about 0.2 s a token on a loaded CI box): a stall is a gap well beyond it, not 0.25 s.
-    assert max(gaps) <= max(0.25, 2 * statistics.median(gaps)), gaps
+                  f"{max(hostile_gaps) * 1000:.0f} ms over {len(hostile_gaps)} tokens, beside the same request "
+                  f"with a plain schema {max(plain_gaps) * 1000:.0f} ms over {len(plain_gaps)}")
+    # The pace is this box's, and one step of any tool request beside the stream costs it a little (measured
+    # side by side, not as an absolute): a stall is a gap a quarter second beyond the plain request's longest.
+    assert max(hostile_gaps) <= max(plain_gaps) + 0.25, (hostile_gaps, plain_gaps)
     health = inference_health(stack)
     assert health["pid"] == pid and health["ok"]
 
