@@ -11,11 +11,13 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
+from typing import Final
 
 import numpy as np
 
 from shared.codecs import vectors_to_body
 from shared.config import Config
+from shared.config.memory import EmbeddingModel
 from shared.cores import stack_lease
 from shared.protocol import MAX_MEMORY_TEXT_CHARS, ErrorCode, ProtocolError, Request
 from shared.service import Emitter, Service
@@ -68,7 +70,7 @@ class MultilingualEmbedder:
     las llaves del sótano?": "El vecino riega las plantas los domingos." 0.56; here 0.17). Each text is encoded
     alone: a vector does not depend on the batch it came in."""
 
-    name = "use-multilingual-v3"
+    name: Final = "use-multilingual-v3"
     dim = 512
 
     def __init__(self, config: Config):
@@ -96,9 +98,14 @@ class MultilingualEmbedder:
         self.core_lease.close()
 
 
+#: The class of each ``memory.embedding_model``.
+EMBEDDERS: dict[EmbeddingModel, type[Embedder] | type[MultilingualEmbedder]] = {
+    "all-minilm-l6-v2": Embedder, MultilingualEmbedder.name: MultilingualEmbedder}
+
+
 def open_embedder(config: Config) -> Embedder | MultilingualEmbedder:
     """The encoder ``memory.embedding_model`` names."""
-    return MultilingualEmbedder(config) if config.memory.embedding_model == "use-multilingual-v3" else Embedder(config)
+    return EMBEDDERS[config.memory.embedding_model](config)
 
 
 class EmbeddingService(Service):

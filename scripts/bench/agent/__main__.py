@@ -78,7 +78,7 @@ from scripts.bench.agent.tasks import KINDS, Task, available_sets, load_sets, wr
 from scripts.bench.common import stop_services_on_sigterm
 from shared import catalog, process
 from shared.client import Client
-from shared.config import dump_config
+from shared.config import Config, dump_config
 from shared.config.memory import EmbeddingModel
 
 HEAVY_LOCK = "/tmp/magnitude-heavy.lock"
@@ -248,12 +248,12 @@ def main() -> int:
     parser.add_argument("--policy", type=policy_settings, default={},
                         help="the agent's step policy, as agent.policy settings: judge=false,english_rules=off "
                              "(docs/agents.md, the ablation); default: the configuration's defaults")
-    parser.add_argument("--embedding-model", choices=get_args(EmbeddingModel), default="all-minilm-l6-v2",
-                        help="the encoder the memories are recalled with (memory.embedding_model; default "
-                             "all-minilm-l6-v2)")
+    parser.add_argument("--embedding-model", choices=get_args(EmbeddingModel),
+                        help="the encoder the memories are recalled with (memory.embedding_model; default: the "
+                             f"configuration's, {Config().memory.embedding_model})")
     parser.add_argument("--recall-min-score", type=float, help="the cosine similarity a memory needs to be recalled "
                                                                  "into a run's first prompt (agent.recall_min_score; "
-                                                                 "default: the configuration's, 0.35)")
+                                                                 f"default: the configuration's, {Config().agent.recall_min_score})")
     parser.add_argument("--no-lock", action="store_true", help=f"do not take {HEAVY_LOCK} (already held)")
     args = parser.parse_args()
     stop_services_on_sigterm()

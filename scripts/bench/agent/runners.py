@@ -80,11 +80,11 @@ def progress(phase: str, i: int, n: int, o: Outcome) -> None:
 
 # --- the stack -------------------------------------------------------------------------------------
 def bench_config(home: Path, model_path: Path, n_ctx: int, max_steps: int, max_tokens: int, mcp: bool,
-                 policy: dict | None = None, embedding_model: str = "all-minilm-l6-v2",
+                 policy: dict | None = None, embedding_model: str | None = None,
                  recall_min_score: float | None = None) -> Config:
     """The stack the agent bench runs; ``policy``: settings of ``agent.policy`` (the ablation's switches);
     ``embedding_model``: the encoder memories are recalled with; ``recall_min_score``: the score a recalled
-    memory needs (None: the configuration's default; each encoder has its own scale)."""
+    memory needs (None: the configuration's default, for either; each encoder has its own scale)."""
     return parse_config({
         "engine": {"model_path": str(model_path), "n_ctx": n_ctx, "session_slots": 2, "self_optimize": False},
         "agent": {"tools": [{"name": "calculator"}, {"name": "file_reader"}, {"name": "memory_search"}],
@@ -92,7 +92,7 @@ def bench_config(home: Path, model_path: Path, n_ctx: int, max_steps: int, max_t
                   "file_roots": [str(home / "files")], "max_iterations": max_steps, "max_step_tokens": max_tokens,
                   "policy": policy or {},
                   **({} if recall_min_score is None else {"recall_min_score": recall_min_score})},
-        "memory": {"embedding_model": embedding_model},
+        "memory": {} if embedding_model is None else {"embedding_model": embedding_model},
         "runtime": {"runtime_dir": str(home / "run"), "data_dir": str(home / "data")},
         "metrics": {"enabled": False}, "watchdog": {"enabled": False},
     })
