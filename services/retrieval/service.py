@@ -54,6 +54,7 @@ class RetrievalService(Service):
         self.db_path = mem.db_path or config.runtime.resolved_data_dir() / "memory.db"
         self.store = MemoryStore(self.db_path)
         self.embedder = Client.for_service("embedding", config, timeout_s=120)
+        self._encoder_checked = False
         self.handle("memory.upsert", self.on_upsert)
         self.handle("memory.upsert_many", self.on_upsert_many)
         self.handle("memory.delete", self.on_delete)
@@ -69,9 +70,35 @@ class RetrievalService(Service):
 
     def _embed(self, texts: list[str]) -> np.ndarray:
         try:
+            if not self._encoder_checked:
+                self._match_encoder()
             return embed(self.embedder, texts)
         except ServiceError as err:  # pass the embedding service's typed failure on, saying where it came from
             raise ProtocolError(err.code, f"embedding service: {err.message}")
+
+    def _match_encoder(self) -> None:
+        """Before the first embedding: the stored vectors made again where another encoder made them
+        (``memory.embedding_model`` changed; vectors of two encoders are not comparable, even of one size). A
+        database from before encoders were named takes the embedding service's, where the sizes agree."""
+        health = self.embedder.health()
+        encoder, dim, store = health["model"], health["dim"], self.store
+        if store.encoder is None and store.dim in (None, dim):
+            store.record_encoder(encoder)
+        elif store.encoder != encoder:
+            self._embed_again(encoder)
+        self._encoder_checked = True
+
+    def _embed_again(self, encoder: str) -> None:
+        """Every stored text embedded by ``encoder``, replacing the vectors at once when all are made."""
+        rows = self.store.texts()
+        self.log.info("memory_reembed_start", documents=len(rows), was=self.store.encoder or f"{self.store.dim} dims",
+                      encoder=encoder)
+        batch, vectors = self.config.memory.embedding_batch_size, []
+        for start in range(0, len(rows), batch):
+            vectors.append(embed(self.embedder, [text for _, text in rows[start:start + batch]]))
+            self.log.info("memory_reembed_progress", done=min(start + batch, len(rows)), of=len(rows))
+        self.store.replace_vectors(encoder, [rowid for rowid, _ in rows], np.concatenate(vectors) if vectors else None)
+        self.log.info("memory_reembed_done", documents=len(rows), encoder=encoder, dim=self.store.dim)
 
     def _write(self, req: Request, items: list[tuple[str, str, dict]]) -> dict:
         collection = _require_name(req.body, "collection")

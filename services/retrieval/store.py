@@ -94,21 +94,49 @@ class MemoryStore:
         self.db.execute("PRAGMA synchronous=FULL")
         with self.db:
             self.db.execute(_SCHEMA)
-        row = self.db.execute("SELECT value FROM meta WHERE key = 'dim'").fetchone()
-        self.dim: int | None = int(row[0]) if row else None
+        meta = dict(_pairs(self.db.execute("SELECT key, value FROM meta")))
+        self.dim: int | None = int(meta["dim"]) if "dim" in meta else None
+        #: The encoder that made the vectors (None: a database from before it was recorded, or an empty one).
+        self.encoder: str | None = meta.get("encoder")
 
     def close(self) -> None:
         self.db.close()
 
     # --- writes ------------------------------------------------------------------------------
+    def _create_vectors(self, dim: int) -> None:
+        self.db.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS vec_docs USING vec0("
+                        f"collection TEXT PARTITION KEY, embedding FLOAT[{int(dim)}] distance_metric=cosine)")
+        self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('dim', ?)", (str(dim),))
+
     def _ensure_dim(self, dim: int) -> None:
         if self.dim is None:
-            self.db.execute(f"CREATE VIRTUAL TABLE IF NOT EXISTS vec_docs USING vec0("
-                            f"collection TEXT PARTITION KEY, embedding FLOAT[{int(dim)}] distance_metric=cosine)")
-            self.db.execute("INSERT INTO meta (key, value) VALUES ('dim', ?)", (str(dim),))
+            self._create_vectors(dim)
             self.dim = dim
         elif dim != self.dim:
             raise bad_request(f"vectors have {dim} dimensions; this database stores {self.dim}")
+
+    def record_encoder(self, encoder: str) -> None:
+        """Name the encoder of the vectors stored (a database from before names were kept, or a new one)."""
+        with self.db:
+            self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('encoder', ?)", (encoder,))
+        self.encoder = encoder
+
+    def replace_vectors(self, encoder: str, rowids: list[int], vectors: np.ndarray | None) -> None:
+        """Every row's vector from ``encoder`` (``rowids`` in the order ``texts()`` gave; None: there are no
+        rows), in one transaction: a crash midway leaves the old encoder's vectors, all of them, and says so."""
+        collections = dict(_pairs(self.db.execute("SELECT rowid, collection FROM docs")))
+        with self.db:
+            if self.dim is not None:
+                self.db.execute("DROP TABLE vec_docs")
+                self.db.execute("DELETE FROM meta WHERE key = 'dim'")
+            if vectors is not None:
+                vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+                self._create_vectors(vectors.shape[1])
+                for rowid, vector in zip(rowids, vectors, strict=True):
+                    self.db.execute("INSERT INTO vec_docs (rowid, collection, embedding) VALUES (?, ?, ?)",
+                                    (rowid, collections[rowid], vector.tobytes()))
+            self.db.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('encoder', ?)", (encoder,))
+        self.dim, self.encoder = (None if vectors is None else vectors.shape[1]), encoder
 
     def upsert(self, collection: str, items: list[tuple[str, str, dict]], vectors: np.ndarray) -> list[int]:
         """Store (id, text, metadata) rows with their vectors, replacing same-id rows; return rowids."""
@@ -208,6 +236,10 @@ class MemoryStore:
                                                          if keyword_text is not None else {})}
                 for r in best if r in rows]
 
+    def texts(self) -> list[tuple[int, str]]:
+        """(rowid, text) of every row, in rowid order: what a new encoder embeds."""
+        return _pairs(self.db.execute("SELECT rowid, text FROM docs ORDER BY rowid"))
+
     def get(self, collection: str, doc_id: str) -> dict | None:
         row = self.db.execute("SELECT text, metadata FROM docs WHERE collection = ? AND doc_id = ?",
                               (collection, doc_id)).fetchone()
@@ -220,5 +252,5 @@ class MemoryStore:
         sql = "SELECT collection, count(*) FROM docs" + (" WHERE collection = ?" if collection else "")
         counts = dict(_pairs(self.db.execute(sql + " GROUP BY collection", (collection,) if collection else ())))
         files = [self.path, self.path.with_name(self.path.name + "-wal")]
-        return {"collections": counts, "documents": sum(counts.values()), "dim": self.dim,
+        return {"collections": counts, "documents": sum(counts.values()), "dim": self.dim, "encoder": self.encoder,
                 "db_path": str(self.path), "db_bytes": sum(f.stat().st_size for f in files if f.exists())}

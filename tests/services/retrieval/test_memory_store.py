@@ -64,3 +64,34 @@ def test_reopen_keeps_everything(tmp_path):
     s.close()
     again = MemoryStore(tmp_path / "m.db")
     assert again.dim == 3 and again.query("c", [1, 1, 1], 1)[0]["id"] == "a"
+
+
+def test_vectors_of_another_encoder_replace_every_old_one_and_keep_the_texts(store):
+    """A new encoder's vectors, of another size, replace all of the old ones in one go; ids, texts, metadata and
+    collections stay, and the database names the encoder after a reopen."""
+    rows = store.texts()
+    assert [text for _, text in rows] == ["the cat sat on the mat", "dogs bark at the postman",
+                                          "cats and dogs share a home", "unrelated collection"]
+    store.replace_vectors("new-encoder", [rowid for rowid, _ in rows], np.eye(6, dtype=np.float32)[2:])
+    assert store.dim == 6 and store.encoder == "new-encoder"
+    assert store.query("c", [0, 0, 0, 1, 0, 0], 1)[0] == {"id": "dog", "text": "dogs bark at the postman",
+                                                          "metadata": {"room": "yard"}, "score": 1.0}
+    assert store.query("other", [0, 0, 0, 0, 0, 1], 3)[0]["id"] == "x" and len(store.query("other", [1] * 6, 9)) == 1
+    with pytest.raises(ProtocolError):  # the old size is gone
+        store.query("c", [1, 0, 0, 0], 1)
+    path = store.path
+    store.close()
+    again = MemoryStore(path)
+    assert (again.dim, again.encoder, again.ids("c")) == (6, "new-encoder", {"cat", "dog", "both"})
+    again.close()
+
+
+def test_a_database_without_rows_takes_another_encoder_at_any_size(tmp_path):
+    s = MemoryStore(tmp_path / "m.db")
+    s.upsert("c", [("a", "alpha", {})], np.ones((1, 3), np.float32))
+    s.delete("c", "a")
+    s.replace_vectors("new-encoder", [], None)
+    assert s.dim is None and s.encoder == "new-encoder"
+    s.upsert("c", [("b", "beta", {})], np.ones((1, 5), np.float32))
+    assert s.dim == 5 and s.query("c", [1] * 5, 1)[0]["id"] == "b"
+    s.close()

@@ -75,3 +75,32 @@ def test_a_vector_does_not_depend_on_its_batch(multilingual):
     assert together.shape == (len(texts), 512) and np.allclose(np.linalg.norm(together, axis=1), 1, atol=1e-4)
     assert np.allclose(together, alone, atol=1e-5)
     assert health["model"] == "use-multilingual-v3" and health["dim"] == 512
+
+
+def test_memories_stored_with_another_encoder_are_embedded_again_and_recalled(tmp_path):
+    """A box that had memories under all-MiniLM-L6-v2 (384 dimensions) and switches ``memory.embedding_model``:
+    the first request embeds every stored text again with the new encoder, so each memory is still there with its
+    metadata and a question recalls the one it is about; nothing is refused for its size, nothing lost."""
+    english = make_config(tmp_path)
+    multilingual = parse_config({**english.model_dump(mode="json"), "memory": {"embedding_model": "use-multilingual-v3"}})
+    for config in (english, multilingual):
+        path = write_config(tmp_path, config)
+        embedding = ServiceProcess("embedding", path, config).start()
+        retrieval = ServiceProcess("retrieval", path, config).start()
+        memory = MemoryClient(Client(retrieval.endpoint, timeout_s=120))
+        try:
+            if config is english:
+                memory.upsert_many("household", [{"id": k, "text": v, "metadata": {"language": k[:2]}}
+                                                 for k, v in MEMORIES.items()])
+                assert memory.stats()["dim"] == 384
+                continue
+            for question, about in QUESTIONS:
+                hits = memory.query("household", text=question, k=config.agent.recall_k)
+                recalled = [h["id"] for h in hits if h["score"] >= config.agent.recall_min_score]
+                assert recalled == [about], (question, hits)
+                assert hits[0]["text"] == MEMORIES[about] and hits[0]["metadata"] == {"language": about[:2]}
+            assert memory.stats()["dim"] == 512 and memory.stats()["documents"] == len(MEMORIES)
+        finally:
+            memory.close()
+            retrieval.stop()
+            embedding.stop()
