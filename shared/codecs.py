@@ -57,4 +57,14 @@ def vectors_from_body(body: dict[str, Any]) -> np.ndarray:
 
 def embed(client: "Client", texts: list[str]) -> np.ndarray:
     """L2-normalised float32 vectors, one row per text, from the embedding service."""
-    return vectors_from_body(client.request("embed", {"texts": texts}))
+    return embed_naming_encoder(client, texts)[0]
+
+
+def embed_naming_encoder(client: "Client", texts: list[str]) -> tuple[np.ndarray, str]:
+    """``embed``'s vectors and the encoder that made them: vectors of two encoders are not comparable, even of
+    one size, so whoever stores them checks every batch's encoder."""
+    body = client.request("embed", {"texts": texts})
+    vectors = vectors_from_body(body)
+    if not isinstance(body.get("model"), str):
+        raise ProtocolError(ErrorCode.BAD_FRAME, "embed reply does not name its 'model'")
+    return vectors, body["model"]

