@@ -274,12 +274,12 @@ def test_a_calculation_over_an_answer_sent_back_is_refused_until_a_found_figure_
     its own answer (applying the conversion a second time). That call is refused; one over the task's figures is
     the calculator's, and so is one over a figure a tool result has backed since."""
     settings = StepPolicyConfig(answer_language=False, judge=False, recompute=False, english_rules="off")
-    memory = WorkingMemory("Der Gartenschlauch ist 3,2 m lang. Wie viele Zentimeter sind das?", [], [], "calculator")
+    memory = WorkingMemory("Das Brett ist 2,4 m lang. Wie viele Zentimeter sind das?", [], [], "calculator")
     policy = StepPolicy(settings, memory, TOOLS)
-    assert drive(policy.review("Das sind 320 Zentimeter."), no_question).reasons == [
-        "320 was not read or computed with a tool; compute with a tool"]
-    refused = policy.computed("calculator", {"expression": "320 * 100"})
+    assert drive(policy.review("Das sind 240 Zentimeter."), no_question).reasons == [
+        "240 was not read or computed with a tool; compute with a tool"]
+    refused = policy.computed("calculator", {"expression": "240 * 100"})
     assert refused is not None and refused.output is None and "the answer being checked" in refused.error
-    assert policy.computed("calculator", {"expression": "3.2 * 100"}) is None
-    memory.add("calculator", '{"expression": "3.2 * 100"}', "320")
-    assert policy.computed("calculator", {"expression": "320 / 100"}) is None
+    assert policy.computed("calculator", {"expression": "2.4 * 100"}) is None
+    memory.add("calculator", '{"expression": "2.4 * 100"}', "240")
+    assert policy.computed("calculator", {"expression": "240 / 100"}) is None
