@@ -149,7 +149,6 @@ class StepPolicy:
         self.readers = _readers(specs)  # the tools that read a file, each with its path parameter
         self.language: str | None = None  # the task's, as the identifier or the model named it
         self._language_sent_back = False  # a reply in another language is sent back once (a translation stands)
-        self._refuted: set[float] = set()  # the figures of answers sent back as backed by nothing
         self.english: EnglishRules | None = None  # the English checks, where they apply to this run
 
     def begin(self) -> Generator[AskModel, Any, None]:
@@ -226,18 +225,10 @@ class StepPolicy:
         return self.tools[int(found.lastgroup[1:])] if found else None
 
     def computed(self, tool: str, arguments: dict) -> Computed | None:
-        """A calculator call the policy answers itself (None: the tool computes it): refused where it computes
-        with a figure of an answer sent back as backed by nothing, and still backed by nothing (told to compute a
-        conversion it had made right in its head, a small model applies it a second time to its own result); a call that names columns of the tables the
-        run has read, computed over their values."""
+        """A calculator call that names columns of the tables the run has read, computed over their values
+        (None: it names none, and the tool computes it)."""
         expression = arguments.get("expression")
-        if tool != COMPUTE_TOOL or not isinstance(expression, str):
-            return None
-        if self._refuted & {value for written in figures.unbacked(expression, self._sources())
-                            for value, _ in figures.readings(written)}:
-            return Computed(error="the expression uses the answer being checked, not a figure found; compute from "
-                                  "the figures of the task and the tool results")
-        if not self.settings.named_facts:
+        if not self.settings.named_facts or tool != COMPUTE_TOOL or not isinstance(expression, str):
             return None
         named_facts: dict[str, list[float]] = {}
         for _, _, result in self.memory.facts:
@@ -270,9 +261,7 @@ class StepPolicy:
                 return Verdict(reasons, named(COMPUTE_TOOL))
             # an answer with figures nothing backs (a formula, a guess) is told to compute with a tool: it is asked
             # with one, the tool it names, else the calculator (asked freely, a small model writes the formula again)
-            invented = self._invented(answer)
-            self._refuted |= {value for written in invented for value, _ in figures.readings(written)}
-            invents = bool(invented) and not (english and english.counting())
+            invents = bool(self._invented(answer)) and not (english and english.counting())
             choice = self._tool_in(answer) or (named(COMPUTE_TOOL) if invents and COMPUTE_TOOL in self.tools else None)
             return Verdict(reasons, choice)
         if written := self._other_language(answer):

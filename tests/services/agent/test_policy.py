@@ -267,19 +267,3 @@ def test_a_calculator_call_over_a_tables_columns_is_computed_over_the_values_rea
     assert wrong is not None and wrong.output is None and "take its sum, mean" in wrong.error
     memory.policy.settings = StepPolicyConfig(named_facts=False)
     assert memory.policy.computed("calculator", {"expression": "sum(minutes)"}) is None
-
-
-def test_a_calculation_over_an_answer_sent_back_is_refused_until_a_found_figure_backs_it():
-    """An answer computed in the head is sent back to be computed with a tool; a small model then computes with
-    its own answer (applying the conversion a second time). That call is refused; one over the task's figures is
-    the calculator's, and so is one over a figure a tool result has backed since."""
-    settings = StepPolicyConfig(answer_language=False, judge=False, recompute=False, english_rules="off")
-    memory = WorkingMemory("Das Brett ist 2,4 m lang. Wie viele Zentimeter sind das?", [], [], "calculator")
-    policy = StepPolicy(settings, memory, TOOLS)
-    assert drive(policy.review("Das sind 240 Zentimeter."), no_question).reasons == [
-        "240 was not read or computed with a tool; compute with a tool"]
-    refused = policy.computed("calculator", {"expression": "240 * 100"})
-    assert refused is not None and refused.output is None and "the answer being checked" in refused.error
-    assert policy.computed("calculator", {"expression": "2.4 * 100"}) is None
-    memory.add("calculator", '{"expression": "2.4 * 100"}', "240")
-    assert policy.computed("calculator", {"expression": "240 / 100"}) is None
