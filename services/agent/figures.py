@@ -64,10 +64,3 @@ def _backed(value: float, decimals: int, known: set[float], listed: int) -> bool
         return True
     step = 10.0 ** -decimals  # within one unit of its last digit: 8029 for 8029.7
     return any(abs(v - value) < step or math.isclose(v, value, abs_tol=1e-9) for v in known)
-
-
-def gives(answer: str, value: float) -> bool:
-    """Whether some reading of a number in ``answer`` is ``value``, rounded to the digits written (or the value
-    rounded to the answer's digits: 8029 for 8029.73)."""
-    return any(_backed(reading, decimals, {value}, 0)
-               for match in WRITTEN.finditer(answer) for reading, decimals in readings(match.group()))

@@ -14,10 +14,6 @@ The default policy is built from mechanisms that do not read the user's words:
   parameter is a path; a run without one reads nothing first);
 - **backed figures**: a number of the answer that no reading of the task, the memories or the tools' results
   backs (``services.agent.figures``: "1,5" read with either decimal mark) is sent back to be computed;
-- **computation over the facts**: in the run's session, the model writes the arithmetic that answers the task
-  from the figures found, under a schema that admits numbers and operators only; where every figure of it was
-  found, the loop evaluates it (``shared.arithmetic``), and an answer without that value is sent back with it
-  (an answer that gives one of the figures read, where the task asks for their product, is told the product);
 - **tool names**: a reply that names a tool instead of calling it (before any call), or once tools have run
   names one not called yet (a plan of the next step), is asked again with that tool named;
 - **named facts**: a calculator call that names a column of a table the run has read (``sum(minutes) /
@@ -54,18 +50,9 @@ LANGUAGE_SCHEMA = {"type": "object", "properties": {"language": {"type": "string
 JUDGE_QUESTION = ("Check your last reply against the task. Is it the final answer the task asks for (not a plan, "
                   "not a step towards it, not a question back), with every figure taken from the task, the tool "
                   "results or a calculation{language}? If not, say in a few words what is still missing.")
-RECOMPUTE_QUESTION = ("How is the answer to the task obtained from the figures in the task and the tool results? "
-                      "Write it as one expression of numbers: the figure itself when the answer is a figure found as "
-                      "it is, the arithmetic when it must be computed from them; null when the answer is not a "
-                      "number.")
-RECOMPUTE_SCHEMA = {"type": "object", "properties": {"expression": {"anyOf": [
-    {"type": "string", "pattern": r"^[-(0-9][-+*/(). 0-9]{0,79}$"}, {"type": "null"}]}},
-    "required": ["expression"], "additionalProperties": False}
 JUDGE_SCHEMA = {"type": "object", "properties": {"final_answer": {"type": "boolean"},
                                                  "missing": {"type": "string", "maxLength": 100}},
                 "required": ["final_answer", "missing"], "additionalProperties": False}
-#: The working memory's name for arithmetic the policy evaluated itself (not a tool the model can call).
-COMPUTED = "computed"
 #: The names a reader's one required parameter has: the path of the file it reads.
 READER_PARAMETERS = ("path", "file", "filename")
 #: The tool that calculates, when the run has it: the English rules send a wrong unit to it.
@@ -267,8 +254,6 @@ class StepPolicy:
         if written := self._other_language(answer):
             return Verdict([f"the reply is in {written}, not in {self.language}"],
                            then=f"Reply with the answer now, in {self.language}.")
-        if self.settings.recompute and (reason := (yield from self._recomputed(answer))):
-            return Verdict([reason], then="Reply with the answer now.")
         if self.settings.judge:
             language = f", written in {self.language}" if self.settings.answer_language and self.language else ""
             judged = yield AskModel(JUDGE_QUESTION.format(language=language), JUDGE_SCHEMA, about=answer)
@@ -287,24 +272,6 @@ class StepPolicy:
             return None
         self._language_sent_back = True
         return written
-
-    def _recomputed(self, answer: str) -> Generator[AskModel, Any, str | None]:
-        """Why ``answer`` does not stand by the arithmetic the model writes for the task (None: it stands, or
-        the model wrote none, or only a figure: a lookup, which the figures check covers)."""
-        reply = yield AskModel(RECOMPUTE_QUESTION, RECOMPUTE_SCHEMA, about=answer)
-        expression = (reply.get("expression") or "").strip() if reply else ""
-        if not any(op in expression.lstrip("-") for op in "+-*/"):
-            return None
-        if figures.unbacked(expression, self._sources()):  # arithmetic over figures it did not find: not the facts'
-            return None  # (for a lookup whose answer is text, a small model sums figures it made up)
-        try:
-            value = evaluate(expression)
-        except (SyntaxError, ValueError, ArithmeticError, TypeError):
-            return None
-        if not isinstance(value, (int, float)) or figures.gives(answer, float(value)):
-            return None
-        self.memory.add(COMPUTED, json.dumps({"expression": expression}), str(value))  # backs that figure
-        return f"by the figures found, the answer is {expression} = {value}"
 
     def _invented(self, answer: str) -> list[str]:
         """The figures of ``answer`` nothing the run knows backs, by the checks that apply: the English rules'

@@ -43,9 +43,6 @@ class StepPolicyConfig(Section):
     figures: bool = Field(True, description="a number of a candidate answer that nothing the run read backs (in "
                                             "either decimal convention) sends it back to be computed; the English "
                                             "rules, where they apply, check figures with their units instead")
-    recompute: bool = Field(True, description="the model writes the arithmetic that answers the task from the "
-                                              "figures found (numbers and operators only, in the run's session); "
-                                              "an answer without its value is sent back with it")
     plans: bool = Field(True, description="once tools have run, a candidate answer that names a tool the run has "
                                           "not called (a plan of the next step, in prose) is asked again with "
                                           "that tool named")

@@ -15,7 +15,7 @@ import pytest
 from magnitude.agent import Agent, AsyncAgent, submit_feedback
 from services.agent.context import Turn
 from services.agent.loop import _SUMMARY_PROMPT, Conversation, Run, ServiceCall, turn_text
-from services.agent.policy import JUDGE_QUESTION, LANGUAGE_QUESTION, RECOMPUTE_QUESTION, mentions
+from services.agent.policy import JUDGE_QUESTION, LANGUAGE_QUESTION, mentions
 from shared.client import AsyncClient, Client, ServiceError
 from shared.config import parse_config
 from tests.conftest import REPO, ServiceProcess, chat_reply, make_config, write_config
@@ -31,14 +31,13 @@ def call(name: str, arguments: str, call_id: str = "c1") -> dict:
 
 class Scripted:
     """Plays the services for ``Run``: the chat replies come from a script; records every request. The step
-    policy's questions are answered apart: the task's language is ``language``, the arithmetic for a candidate
-    answer the next of ``expressions`` (then: none), and each judgment of it the next of ``judgments`` (then: it
-    is the final answer)."""
+    policy's questions are answered apart: the task's language is ``language``, and each judgment of a candidate
+    answer the next of ``judgments`` (then: it is the final answer)."""
 
     def __init__(self, replies: list[dict], advice: bool | None = None, language: str = "English",
-                 judgments: list[dict] = (), expressions: list[str | None] = ()):
+                 judgments: list[dict] = ()):
         self.replies, self.advice, self.requests = list(replies), advice, []
-        self.language, self.judgments, self.expressions = language, list(judgments), list(expressions)
+        self.language, self.judgments = language, list(judgments)
 
     def steps(self) -> list[ServiceCall]:
         """The chat requests of the run's steps (not the policy's questions, not the summarizer's)."""
@@ -70,9 +69,6 @@ class Scripted:
             question = req.body["messages"][-1]["content"]
             if question.startswith(LANGUAGE_QUESTION.split("{")[0]):
                 return chat_reply(answer(json.dumps({"language": self.language})))
-            if question == RECOMPUTE_QUESTION:
-                expression = self.expressions.pop(0) if self.expressions else None
-                return chat_reply(answer(json.dumps({"expression": expression})))
             judged = self.judgments.pop(0) if self.judgments else {"final_answer": True, "missing": ""}
             return chat_reply(answer(json.dumps(judged)))
         if _SUMMARY_PROMPT in req.body["messages"][-1]["content"]:  # the budget's summarizer, outside the session
@@ -100,13 +96,13 @@ def test_loop_calls_the_tool_feeds_the_result_back_and_answers():
     assert second["messages"][-1]["role"] == "user" and "What is 23 * 47?" in second["messages"][-1]["content"]
     assert [(c.name, c.output, c.valid) for c in trace.steps[0].calls] == [("calculator", "1081", True)]
     asked = [r for r in services.requests if r.type == "chat" and "response_format" in r.body]
-    # the task's language on its own; the arithmetic for the answer, then the judgment, in session right after
-    # the answer, with the step's tools (the same prefix: its KV warm)
-    assert [r.session for r in asked] == [None, "s1", "s1"]
-    for question, text in zip(asked[1:], [RECOMPUTE_QUESTION, JUDGE_QUESTION.format(language=", written in English")]):
-        assert question.body["messages"][:-2] == second["messages"] and question.body["tools"] == second["tools"]
-        assert question.body["messages"][-2:] == [{"role": "assistant", "content": "23 * 47 = 1081."},
-                                                  {"role": "user", "content": text}]
+    # the task's language on its own; the judgment in session right after the answer, with the step's tools (the
+    # same prefix: its KV warm)
+    assert [r.session for r in asked] == [None, "s1"]
+    judged = asked[1].body
+    assert judged["messages"][:-2] == second["messages"] and judged["tools"] == second["tools"]
+    assert judged["messages"][-2:] == [{"role": "assistant", "content": "23 * 47 = 1081."},
+                                       {"role": "user", "content": JUDGE_QUESTION.format(language=", written in English")}]
     assert all(r.session == "s1" for r in services.requests if r is not asked[0])
     assert (trace.prompt_tokens, trace.cached_tokens) == (200, 400)
 
@@ -382,24 +378,6 @@ def test_a_figure_nothing_backs_is_sent_back_in_any_language():
     assert trace.answer == "Das sind 1.081."  # a German thousands point: 1081
 
 
-def test_an_answer_without_the_value_of_the_arithmetic_the_model_writes_for_it_is_sent_back_with_it():
-    goal = "floor.txt says how the bathroom floor is tiled. How many tiles does it have?"
-    services = WithFiles([{"role": "assistant", "content": "",
-                           "tool_calls": [call("file_reader", '{"path": "floor.txt"}')]},
-                          answer("Es hat 37."), answer("Es hat 962 Fliesen.")],
-                         {"floor.txt": "37 rows of 26 tiles each\n"}, language="German",
-                         expressions=["37 * 26", "37 * 26"])
-    trace = drive(Run(parse_config({}), goal, "s1", 6), services)
-    assert trace.answer == "Es hat 962 Fliesen."
-    assert [s.rejected for s in trace.steps] == [None, "by the figures found, the answer is 37 * 26 = 962", None]
-    # arithmetic over figures nothing found is not the facts': a lookup's answer stands
-    services = WithFiles([{"role": "assistant", "content": "", "tool_calls": [call("file_reader", '{"path": "wifi.txt"}')]},
-                          answer("The password is blue-fox.")], {"wifi.txt": "password: blue-fox\n"},
-                         expressions=["40 + 5"])
-    trace = drive(Run(parse_config({}), "What is the wifi password in wifi.txt?", "s1", 6), services)
-    assert trace.answer == "The password is blue-fox." and not any(s.rejected for s in trace.steps)
-
-
 def test_an_answer_the_model_judges_unfinished_is_sent_back_with_what_is_missing():
     goal = "What is 23 * 47?"
     services = Scripted([answer("Let me think about it."),
@@ -421,8 +399,7 @@ def test_an_answer_the_model_judges_unfinished_is_sent_back_with_what_is_missing
 
 def test_the_policy_asks_the_model_nothing_when_its_questions_are_off():
     services = Scripted([answer("Paris.")])
-    config = parse_config({"agent": {"policy": {"answer_language": False, "judge": False, "recompute": False,
-                                                "english_rules": "off"}}})
+    config = parse_config({"agent": {"policy": {"answer_language": False, "judge": False, "english_rules": "off"}}})
     trace = drive(Run(config, "What is the capital of France?", "s1", 6), services)
     assert trace.answer == "Paris." and services.steps() == [r for r in services.requests if r.type == "chat"]
 

@@ -28,7 +28,7 @@ class Checked:
 
     def __init__(self, goal, memories=(), facts=None, compute_tool=None):
         self.memory = WorkingMemory(goal, memories, facts if facts is not None else [], compute_tool)
-        settings = StepPolicyConfig(answer_language=False, judge=False, recompute=False, english_rules="always")
+        settings = StepPolicyConfig(answer_language=False, judge=False, english_rules="always")
         self.policy = StepPolicy(settings, self.memory, TOOLS)
         drive(self.policy.begin(), no_question)
         self.rules = self.policy.english
@@ -96,7 +96,7 @@ def test_a_file_a_result_names_for_what_the_goal_asks_about_is_still_to_read():
 ])
 def test_a_file_a_result_points_to_is_still_to_read_in_any_language(goal, listing, pointed):
     memory = WorkingMemory(goal)
-    policy = StepPolicy(StepPolicyConfig(answer_language=False, judge=False, recompute=False, english_rules="off"),
+    policy = StepPolicy(StepPolicyConfig(answer_language=False, judge=False, english_rules="off"),
                         memory, TOOLS)
     index = memory.unread()[0]
     memory.add("file_reader", f'{{"path": "{index}"}}', listing)
@@ -228,7 +228,7 @@ def _spec(name, required, *optional):
 
 
 def test_a_file_the_task_names_is_read_first_only_where_a_tool_reads_one():
-    settings = StepPolicyConfig(answer_language=False, judge=False, recompute=False, english_rules="off")
+    settings = StepPolicyConfig(answer_language=False, judge=False, english_rules="off")
     acting = [_spec("find", (), "path", "name"), _spec("mv", ("source", "destination")), _spec("cat", ("file_name",))]
     policy = StepPolicy(settings, WorkingMemory("Move report.pdf into the temp folder.", [], []), acting)
     # a path that is optional (find) or one of two (mv) is no file to read: the task acts on the file
@@ -239,7 +239,7 @@ def test_a_file_the_task_names_is_read_first_only_where_a_tool_reads_one():
 
 
 def test_an_answer_that_names_a_tool_not_called_yet_is_a_plan_asked_again_with_that_tool():
-    settings = StepPolicyConfig(answer_language=False, judge=False, recompute=False, english_rules="off")
+    settings = StepPolicyConfig(answer_language=False, judge=False, english_rules="off")
     tools = [_spec("mkdir", ("dir_name",)), _spec("mv", ("source", "destination"))]
     memory = WorkingMemory("Make a folder temp and move report.pdf into it.", [], [])
     policy = StepPolicy(settings, memory, tools)

@@ -329,7 +329,8 @@ def test_temperature_and_top_p_reach_every_step(stack):
 def test_max_output_tokens_caps_the_whole_run(stack):
     """The cap counts every token the run generates: the calculator's call fits, the answer after it is cut where
     it runs out. (The step policy's questions after an answer count too, and are not asked without room for them:
-    so the cap that cuts the answer is found by lowering it.)"""
+    so the cap that cuts the answer is found by lowering it. A cap that falls right after the answer's last word,
+    before its end token, stops the run as incomplete with the words whole: lowered on, it cuts them.)"""
     client = openai_client(stack["open"])
     goal = "What is 4738 * 2961?"
     full = client.responses.create(input=goal)
@@ -338,7 +339,9 @@ def test_max_output_tokens_caps_the_whole_run(stack):
         capped = client.responses.create(input=goal, max_output_tokens=cap)
         assert capped.usage.output_tokens <= cap, capped.usage
         if capped.status != "completed":
-            break
+            assert capped.incomplete_details.reason == "max_output_tokens", capped
+            if capped.output_text != full.output_text:
+                break
     assert capped.status == "incomplete" and capped.incomplete_details.reason == "max_output_tokens", capped
     assert [i.type for i in capped.output] == [i.type for i in full.output], capped.output  # the call ran, then cut
     assert full.output_text.startswith(capped.output_text) and capped.output_text != full.output_text, capped

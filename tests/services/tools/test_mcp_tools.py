@@ -209,7 +209,7 @@ def test_an_agent_run_goes_on_past_a_crashed_mcp_call(tools):
                    {"id": "b", "type": "function",
                     "function": {"name": "robot_move_to", "arguments": '{"room": "garage"}'}}]},
                {"role": "assistant", "content": "The robot drove 38 m to the garage."}]
-    no_questions = {"answer_language": False, "judge": False, "recompute": False, "english_rules": "off"}  # the model is scripted here
+    no_questions = {"answer_language": False, "judge": False, "english_rules": "off"}  # the model is scripted here
     run = Run(parse_config({"agent": {"recall_k": 0, "policy": no_questions}}), "Drive to the garage.", "mcp-run", 4)
     while (req := run.pending) is not None:
         run.advance(_answer(req, client, replies))
