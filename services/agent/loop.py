@@ -65,8 +65,8 @@ _ANSWER_NOW = "{note}\nAnswer the task now from what was found, in one short sen
 _REPEATED = "{output}\n(This call was made before; this is its result again. Do not repeat it.)"
 _SUMMARY_PROMPT = ("Summarize the conversation above in a few sentences. Keep every name, number, file name and "
                    "tool result that the task may still need.")
-#: A question the step policy asks the model (the task's language, the arithmetic for an answer, a judgment of
-#: it): a short JSON object.
+#: A question the step policy asks the model (the task's language, a judgment of a candidate answer): a short JSON
+#: object.
 _ASK_TOKENS = 64
 #: Tokens a template's tool section adds beyond the tools' JSON, before the first reply tells the real figure.
 _TEMPLATE_GUESS = 128
